@@ -1,0 +1,205 @@
+"""ONNX Runtime backend.
+
+Config ``parameters`` understood here (all values are strings, as in Triton):
+
+============================  =========================================================
+``intra_op_thread_count``     threads inside one operator (default: cores / instances)
+``inter_op_thread_count``     threads across operators (default 1)
+``graph_optimization_level``  ``disable``, ``basic``, ``extended`` or ``all`` (default)
+``execution_providers``       comma list of ``cpu``, ``cuda``, ``tensorrt``, ``openvino``
+``allow_spinning``            ``0``/``1``: let idle ORT threads spin (default 0: under
+                              contention on small machines spinning inflates p99)
+``allow_nonfinite_inputs``    ``true`` to accept NaN/Inf in float inputs (default false)
+============================  =========================================================
+
+A provider that is requested but not built into the installed onnxruntime is
+skipped with a note (visible in logs and model metadata), and the model runs on
+the providers that remain, CPU last.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from milliserve.backends.base import BackendInfo
+from milliserve.config.model_config import ModelConfig
+from milliserve.errors import BackendError, ConfigError
+from milliserve.protocol.datatypes import BYTES
+from milliserve.protocol.types import TensorSpec
+
+__all__ = ["OnnxRuntimeBackend", "OrtOptions", "parse_ort_options"]
+
+log = logging.getLogger(__name__)
+
+_ORT_TYPES = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": BYTES,
+    "tensor(bfloat16)": "BF16",
+}
+_PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+}
+_LEVELS = ("disable", "basic", "extended", "all")
+KNOWN_PARAMETERS = frozenset(
+    {
+        "intra_op_thread_count",
+        "inter_op_thread_count",
+        "graph_optimization_level",
+        "execution_providers",
+        "allow_spinning",
+        "allow_nonfinite_inputs",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OrtOptions:
+    intra_op_threads: int
+    inter_op_threads: int
+    graph_optimization_level: str
+    providers: tuple[str, ...]
+    allow_spinning: bool
+
+
+def _int_param(params: dict[str, str], key: str, default: int) -> int:
+    raw = params.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"parameter {key!r} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"parameter {key!r} must be >= 0, got {value}")
+    return value
+
+
+def parse_ort_options(config: ModelConfig) -> OrtOptions:
+    """Read ONNX Runtime options from a model config. Raises ConfigError naming the parameter."""
+    params = config.parameters
+    unknown = sorted(set(params) - KNOWN_PARAMETERS)
+    if unknown:
+        raise ConfigError(
+            f"unknown parameters {unknown}; the onnxruntime backend knows {sorted(KNOWN_PARAMETERS)}"
+        )
+    cores = os.cpu_count() or 1
+    intra = _int_param(params, "intra_op_thread_count", max(1, cores // config.instance_count))
+    inter = _int_param(params, "inter_op_thread_count", 1)
+    level = params.get("graph_optimization_level", "all").lower()
+    if level not in _LEVELS:
+        raise ConfigError(f"parameter 'graph_optimization_level' must be one of {_LEVELS}, got {level!r}")
+    names = [p.strip().lower() for p in params.get("execution_providers", "").split(",") if p.strip()]
+    if any(g.kind == "KIND_GPU" for g in config.instance_group) and "cuda" not in names:
+        names.insert(0, "cuda")
+    bad = [n for n in names if n not in _PROVIDERS]
+    if bad:
+        raise ConfigError(
+            f"parameter 'execution_providers': unknown {bad}; expected some of {sorted(_PROVIDERS)}"
+        )
+    if "cpu" not in names:
+        names.append("cpu")
+    spin = params.get("allow_spinning", "0").lower()
+    if spin not in ("0", "1", "true", "false"):
+        raise ConfigError(f"parameter 'allow_spinning' must be 0 or 1, got {spin!r}")
+    return OrtOptions(
+        intra_op_threads=intra,
+        inter_op_threads=inter,
+        graph_optimization_level=level,
+        providers=tuple(_PROVIDERS[n] for n in names),
+        allow_spinning=spin in ("1", "true"),
+    )
+
+
+def _spec(node: Any) -> TensorSpec:
+    datatype = _ORT_TYPES.get(node.type)
+    if datatype is None:
+        raise BackendError(f"tensor {node.name!r} has type {node.type}, which milliserve cannot serve")
+    dims = tuple(d if isinstance(d, int) and d > 0 else -1 for d in node.shape)
+    return TensorSpec(node.name, datatype, dims)
+
+
+class OnnxRuntimeBackend:
+    """One ONNX Runtime session (one model instance)."""
+
+    def __init__(self, model_path: Path, options: OrtOptions) -> None:
+        import onnxruntime as ort
+
+        available = set(ort.get_available_providers())
+        notes: list[str] = []
+        providers = []
+        for p in options.providers:
+            if p in available:
+                providers.append(p)
+            else:
+                notes.append(
+                    f"execution provider {p} was requested but this onnxruntime build lacks it "
+                    f"(available: {sorted(available)}); running without it"
+                )
+        for note in notes:
+            log.warning("%s: %s", model_path, note)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = options.intra_op_threads
+        so.inter_op_num_threads = options.inter_op_threads
+        so.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[options.graph_optimization_level]
+        spin = "1" if options.allow_spinning else "0"
+        so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        so.log_severity_level = 3
+        try:
+            self._session = ort.InferenceSession(str(model_path), so, providers=providers)
+        except Exception as exc:  # ORT raises its own exception types; report them uniformly
+            raise BackendError(f"onnxruntime could not load {model_path}: {exc}") from exc
+        self._info = BackendInfo(
+            inputs=tuple(_spec(i) for i in self._session.get_inputs()),
+            outputs=tuple(_spec(o) for o in self._session.get_outputs()),
+            platform="onnxruntime_onnx",
+            notes=tuple(notes),
+        )
+        self._string_inputs = {s.name for s in self._info.inputs if s.datatype == BYTES}
+
+    def info(self) -> BackendInfo:
+        return self._info
+
+    def run(
+        self, inputs: dict[str, np.ndarray[Any, Any]], outputs: list[str]
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        feeds = inputs
+        if self._string_inputs:  # ORT wants str elements, the protocol carries bytes
+            feeds = dict(inputs)
+            for name in self._string_inputs:
+                feeds[name] = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(
+                    inputs[name]
+                )
+        try:
+            results = self._session.run(outputs, feeds)
+        except Exception as exc:
+            raise BackendError(f"onnxruntime failed: {exc}") from exc
+        return dict(zip(outputs, results, strict=True))
+
+    def close(self) -> None:
+        del self._session

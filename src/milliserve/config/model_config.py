@@ -1,0 +1,335 @@
+"""Per-model configuration: the schema, and loaders for ``config.yaml`` and Triton ``config.pbtxt``.
+
+Both formats use Triton's field names and land in the same pydantic schema, so a
+field that is unknown or has a wrong value fails with the file and the field
+named. Nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from google.protobuf import json_format, text_format
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from milliserve.errors import ConfigError
+from milliserve.protocol.datatypes import config_type_to_oip, oip_to_config_type
+from milliserve.protocol.proto import oip_pb2
+from milliserve.protocol.types import TensorSpec
+
+__all__ = [
+    "DynamicBatching",
+    "InstanceGroup",
+    "ModelConfig",
+    "QueuePolicy",
+    "VersionPolicy",
+    "WarmupSpec",
+    "config_to_dict",
+    "config_to_proto",
+    "load_model_config",
+]
+
+CONFIG_FILES = ("config.yaml", "config.yml", "config.pbtxt")
+SUPPORTED_PLATFORMS = ("", "onnxruntime_onnx")
+SUPPORTED_BACKENDS = ("", "onnxruntime")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorConfig(_Strict):
+    name: str
+    data_type: str
+    dims: tuple[int, ...] = ()
+
+    @field_validator("data_type")
+    @classmethod
+    def _known_type(cls, v: str) -> str:
+        return config_type_to_oip(v)
+
+    @field_validator("dims")
+    @classmethod
+    def _dims(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d < -1 or d == 0 for d in v):
+            raise ValueError(f"dims must be positive or -1 (variable), got {list(v)}")
+        return v
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.data_type, self.dims)
+
+
+class QueuePolicy(_Strict):
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    default_timeout_microseconds: int = Field(0, ge=0)
+    allow_timeout_override: bool = False
+    max_queue_size: int = Field(0, ge=0)
+
+
+class DynamicBatching(_Strict):
+    preferred_batch_size: tuple[int, ...] = ()
+    max_queue_delay_microseconds: int = Field(0, ge=0)
+    priority_levels: int = Field(0, ge=0)
+    default_priority_level: int = Field(0, ge=0)
+    default_queue_policy: QueuePolicy = QueuePolicy()
+
+    @model_validator(mode="after")
+    def _priorities(self) -> DynamicBatching:
+        if self.priority_levels and not 1 <= self.default_priority_level <= self.priority_levels:
+            raise ValueError(
+                f"default_priority_level must be in 1..{self.priority_levels} "
+                f"(priority_levels), got {self.default_priority_level}"
+            )
+        if not self.priority_levels and self.default_priority_level:
+            raise ValueError("default_priority_level needs priority_levels > 0")
+        if any(p < 1 for p in self.preferred_batch_size):
+            raise ValueError(f"preferred_batch_size must be >= 1, got {self.preferred_batch_size}")
+        return self
+
+
+class InstanceGroup(_Strict):
+    name: str = ""
+    count: int = Field(1, ge=1)
+    kind: Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU"] = "KIND_CPU"
+    gpus: tuple[int, ...] = ()
+
+
+class _Latest(_Strict):
+    num_versions: int = Field(1, ge=1)
+
+
+class _Specific(_Strict):
+    versions: tuple[int, ...]
+
+
+class VersionPolicy(_Strict):
+    latest: _Latest | None = None
+    all: dict[str, Any] | None = None
+    specific: _Specific | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> VersionPolicy:
+        chosen = [k for k in ("latest", "all", "specific") if getattr(self, k) is not None]
+        if len(chosen) > 1:
+            raise ValueError(f"give one of latest, all, specific; got {chosen}")
+        if self.all:
+            raise ValueError("'all' takes no fields")
+        return self
+
+    def select(self, available: list[int]) -> list[int]:
+        """The versions to serve out of ``available`` (ascending)."""
+        ordered = sorted(available)
+        if self.all is not None:
+            return ordered
+        if self.specific is not None:
+            return [v for v in ordered if v in self.specific.versions]
+        n = self.latest.num_versions if self.latest else 1
+        return ordered[-n:]
+
+
+class WarmupInput(_Strict):
+    data_type: str
+    dims: tuple[int, ...] = ()
+    zero_data: bool = False
+    random_data: bool = False
+
+    @field_validator("data_type")
+    @classmethod
+    def _known_type(cls, v: str) -> str:
+        return config_type_to_oip(v)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WarmupInput:
+        if self.zero_data == self.random_data:
+            raise ValueError("set exactly one of zero_data or random_data")
+        return self
+
+
+class WarmupSpec(_Strict):
+    name: str = "warmup"
+    batch_size: int = Field(1, ge=1)
+    inputs: dict[str, WarmupInput]
+    count: int = Field(1, ge=1)
+
+
+class ModelConfig(_Strict):
+    """A model's configuration, in Triton's vocabulary."""
+
+    name: str
+    platform: str = ""
+    backend: str = ""
+    version_policy: VersionPolicy = VersionPolicy()
+    max_batch_size: int = Field(0, ge=0)
+    input: tuple[TensorConfig, ...] = ()
+    output: tuple[TensorConfig, ...] = ()
+    dynamic_batching: DynamicBatching | None = None
+    instance_group: tuple[InstanceGroup, ...] = ()
+    parameters: dict[str, str] = {}
+    model_warmup: tuple[WarmupSpec, ...] = ()
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _flatten_parameters(cls, v: Any) -> Any:
+        # Triton writes parameters { key: "k" value: { string_value: "v" } }.
+        if isinstance(v, dict):
+            return {
+                k: (str(x["string_value"]) if isinstance(x, dict) and "string_value" in x else x)
+                for k, x in v.items()
+            }
+        return v
+
+    @field_validator("parameters")
+    @classmethod
+    def _str_values(cls, v: dict[str, Any]) -> dict[str, str]:
+        return {k: str(x).lower() if isinstance(x, bool) else str(x) for k, x in v.items()}
+
+    @field_validator("platform")
+    @classmethod
+    def _platform(cls, v: str) -> str:
+        if v not in SUPPORTED_PLATFORMS:
+            raise ValueError(f"platform {v!r} is not supported; use 'onnxruntime_onnx'")
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        if v not in SUPPORTED_BACKENDS:
+            raise ValueError(f"backend {v!r} is not supported; use 'onnxruntime'")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        for section in ("input", "output"):
+            names = [t.name for t in getattr(self, section)]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"{section} names must be unique, repeated: {dupes}")
+        db = self.dynamic_batching
+        if db is not None:
+            if self.max_batch_size == 0:
+                raise ValueError("dynamic_batching needs max_batch_size > 0")
+            too_big = [p for p in db.preferred_batch_size if p > self.max_batch_size]
+            if too_big:
+                raise ValueError(
+                    f"preferred_batch_size {too_big} exceeds max_batch_size {self.max_batch_size}"
+                )
+        return self
+
+    # ---- derived views used by the runtime ----
+    @property
+    def instance_count(self) -> int:
+        return sum(g.count for g in self.instance_group) or 1
+
+    def input_specs(self) -> tuple[TensorSpec, ...]:
+        return tuple(t.spec() for t in self.input)
+
+    def output_specs(self) -> tuple[TensorSpec, ...]:
+        return tuple(t.spec() for t in self.output)
+
+
+def _format_validation(path: Path, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown or unsupported field"
+        lines.append(f"{path}: field '{loc}': {msg}")
+    return "; ".join(lines)
+
+
+def _validate(path: Path, data: dict[str, Any], model_name: str) -> ModelConfig:
+    data = dict(data)
+    data.setdefault("name", model_name)
+    try:
+        cfg = ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation(path, exc)) from None
+    if cfg.name != model_name:
+        raise ConfigError(
+            f"{path}: field 'name': {cfg.name!r} does not match the model directory {model_name!r}"
+        )
+    return cfg
+
+
+def _parse_pbtxt(path: Path, text: str) -> dict[str, Any]:
+    msg = oip_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, msg)
+    except text_format.ParseError as exc:
+        detail = str(exc).replace("milliserve.oip.v2.", "")
+        if "has no field named" in detail:
+            detail += " (not a field milliserve supports; see docs/configuration.md)"
+        raise ConfigError(f"{path}: {detail}") from None
+    data: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    return data
+
+
+def load_model_config(model_dir: Path) -> ModelConfig | None:
+    """Read ``config.yaml``/``config.yml``/``config.pbtxt`` from a model directory.
+
+    Returns None when the directory has no config file (the backend then
+    derives inputs and outputs from the model). Raises ConfigError naming the
+    file and field when the config is invalid, or when there are two config files.
+    """
+    found = [model_dir / n for n in CONFIG_FILES if (model_dir / n).is_file()]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ConfigError(f"{model_dir}: found {[p.name for p in found]}; keep only one")
+    path = found[0]
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".pbtxt":
+        data = _parse_pbtxt(path, text)
+    else:
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+    return _validate(path, data, model_dir.name)
+
+
+def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """The config as Triton's JSON (``GET /v2/models/{m}/config``): integers stay integers,
+    data types are spelled ``TYPE_*``."""
+
+    def tensor(t: TensorConfig) -> dict[str, Any]:
+        return {"name": t.name, "data_type": oip_to_config_type(t.data_type), "dims": list(t.dims)}
+
+    out: dict[str, Any] = {
+        "name": cfg.name,
+        "platform": cfg.platform or "onnxruntime_onnx",
+        "backend": cfg.backend or "onnxruntime",
+        "version_policy": cfg.version_policy.model_dump(exclude_none=True)
+        or {"latest": {"num_versions": 1}},
+        "max_batch_size": cfg.max_batch_size,
+        "input": [tensor(t) for t in cfg.input],
+        "output": [tensor(t) for t in cfg.output],
+        "instance_group": [
+            g.model_dump() for g in (cfg.instance_group or (InstanceGroup(),))
+        ],
+        "parameters": {k: {"string_value": v} for k, v in cfg.parameters.items()},
+    }
+    if cfg.dynamic_batching is not None:
+        out["dynamic_batching"] = cfg.dynamic_batching.model_dump()
+    if cfg.model_warmup:
+        out["model_warmup"] = [w.model_dump() for w in cfg.model_warmup]
+        for w in out["model_warmup"]:
+            for inp in w["inputs"].values():
+                inp["data_type"] = oip_to_config_type(inp["data_type"])
+                # a oneof on the wire: only the chosen source is written
+                for key in ("zero_data", "random_data"):
+                    if not inp[key]:
+                        del inp[key]
+    return out
+
+
+def config_to_proto(cfg: ModelConfig) -> oip_pb2.ModelConfig:
+    """The config as the protobuf message returned by gRPC ``ModelConfig``."""
+    msg = oip_pb2.ModelConfig()
+    json_format.ParseDict(config_to_dict(cfg), msg)
+    return msg

@@ -1,0 +1,99 @@
+"""The one exception hierarchy of milliserve.
+
+Core code raises these; only the front ends (server/http, server/grpc) map them
+to status codes. Messages name the offending value and what was expected.
+
+    MilliserveError
+    ├── ConfigError                  a model or server configuration is wrong
+    ├── RequestError                 the request is at fault (HTTP 400 / INVALID_ARGUMENT)
+    │   ├── MalformedRequestError    the body cannot be decoded (bad JSON, truncated binary, ...)
+    │   ├── InvalidInputError        decodable, but does not match the model (name, datatype, shape)
+    │   └── RequestTooLargeError     the body is over the size limit (HTTP 413)
+    ├── NotFoundError                unknown model or version (HTTP 404 / NOT_FOUND)
+    ├── UnavailableError             cannot serve now (HTTP 503 / UNAVAILABLE)
+    │   ├── ModelNotReadyError       the model is loading, unloading or failed to load
+    │   ├── QueueFullError           the batcher queue is at max_queue_size
+    │   └── ServerShuttingDownError  the server no longer accepts work
+    ├── QueueTimeoutError            the request expired in the queue (HTTP 504 / DEADLINE_EXCEEDED)
+    ├── ModelControlDisabledError    the repository API is off (HTTP 403 / PERMISSION_DENIED)
+    └── BackendError                 the backend failed while loading or running (HTTP 500 / INTERNAL)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "ConfigError",
+    "InvalidInputError",
+    "MalformedRequestError",
+    "MilliserveError",
+    "ModelControlDisabledError",
+    "ModelNotReadyError",
+    "NotFoundError",
+    "QueueFullError",
+    "QueueTimeoutError",
+    "RequestError",
+    "RequestTooLargeError",
+    "ServerShuttingDownError",
+    "UnavailableError",
+]
+
+
+class MilliserveError(Exception):
+    """Base class of every error milliserve raises on purpose."""
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else self.__class__.__name__
+
+
+class ConfigError(MilliserveError):
+    """A configuration file or value is invalid. The message names the file and field."""
+
+
+class RequestError(MilliserveError):
+    """The client sent something the server cannot accept."""
+
+
+class MalformedRequestError(RequestError):
+    """The request body could not be decoded."""
+
+
+class InvalidInputError(RequestError):
+    """The request decodes but does not match the model's inputs."""
+
+
+class RequestTooLargeError(RequestError):
+    """The request body is larger than the configured limit."""
+
+
+class NotFoundError(MilliserveError):
+    """An unknown model or version was named."""
+
+
+class UnavailableError(MilliserveError):
+    """The server cannot take this request now; retrying later may succeed."""
+
+
+class ModelNotReadyError(UnavailableError):
+    """The model exists but is not ready (loading, unloading or failed)."""
+
+
+class QueueFullError(UnavailableError):
+    """The model's queue is full (max_queue_size); the request was rejected at once."""
+
+
+class ServerShuttingDownError(UnavailableError):
+    """The server is draining and accepts no new work."""
+
+
+class QueueTimeoutError(MilliserveError):
+    """The request's timeout expired while it waited in the queue."""
+
+
+class ModelControlDisabledError(MilliserveError):
+    """The repository (load/unload) API is disabled in this server."""
+
+
+class BackendError(MilliserveError):
+    """The backend failed to load a model or to run a batch."""

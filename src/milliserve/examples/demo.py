@@ -1,0 +1,121 @@
+"""``milliserve demo``: the main job end to end.
+
+Build the example repository, serve it in a subprocess on free loopback ports,
+send requests with Triton's own client (``tritonclient``, HTTP binary, HTTP
+JSON and gRPC), and print a latency summary. Needs the ``client`` extra.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from milliserve.examples.build import build_examples
+from milliserve.examples.fraud_mlp import FEATURES
+from milliserve.examples.minilm import tokenizer_path
+from milliserve.testing import ServerProcess
+
+__all__ = ["LatencySummary", "run_demo"]
+
+SENTENCES = [
+    "The checkout page loads in under fifty milliseconds.",
+    "Fraud scoring must answer before the payment times out.",
+    "Search auto-complete feels instant when p99 stays low.",
+    "Batching raises throughput without hurting lone requests.",
+    "I love how quickly this answers!",
+    "This is the slowest service I have ever used.",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    name: str
+    requests: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    throughput: float
+
+    @classmethod
+    def of(cls, name: str, samples_s: list[float], wall_s: float) -> LatencySummary:
+        ms = np.asarray(samples_s) * 1e3
+        p50, p95, p99 = np.percentile(ms, [50, 95, 99])
+        return cls(name, len(ms), float(p50), float(p95), float(p99), len(ms) / wall_s)
+
+
+def _timed(fn: Any, n: int) -> tuple[list[float], float]:
+    samples = []
+    start = time.perf_counter()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return samples, time.perf_counter() - start
+
+
+def run_demo(repo: Path, requests: int = 300, log: Any = print) -> list[LatencySummary]:
+    """Run the main job and return one summary per client path. Raises on any wrong answer."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tokenizers import Tokenizer
+
+    log(f"building the example repository in {repo} ...")
+    build_examples(repo)
+    summaries: list[LatencySummary] = []
+    with ServerProcess(repo) as server:
+        log(f"serving on http://{server.http_url} and grpc://{server.grpc_url}")
+        http = httpclient.InferenceServerClient(server.http_url)
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        x = np.random.default_rng(0).normal(size=(1, FEATURES)).astype(np.float32)
+
+        def http_call(binary: bool) -> Any:
+            inp = httpclient.InferInput("features", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x, binary_data=binary)
+            out = httpclient.InferRequestedOutput("probabilities", binary_data=binary)
+            return lambda: http.infer("fraud_mlp", [inp], outputs=[out]).as_numpy("probabilities")
+
+        def grpc_call() -> Any:
+            inp = grpcclient.InferInput("features", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            return grpc.infer("fraud_mlp", [inp]).as_numpy("probabilities")
+
+        probs = http_call(True)()
+        if probs.shape != (1, 2) or not np.isclose(probs.sum(), 1.0, atol=1e-4):
+            raise RuntimeError(f"fraud_mlp answered {probs!r}; expected two probabilities")
+        for name, fn in (
+            ("fraud_mlp http binary", http_call(True)),
+            ("fraud_mlp http json", http_call(False)),
+            ("fraud_mlp grpc", grpc_call),
+        ):
+            fn()  # first request of each path is connection set-up, not steady state
+            summaries.append(LatencySummary.of(name, *_timed(fn, requests)))
+
+        tok = Tokenizer.from_file(str(tokenizer_path()))
+        tok.enable_truncation(128)
+        encs = tok.encode_batch(SENTENCES)
+
+        def embed(i: int) -> Any:
+            ids = np.asarray([encs[i % len(encs)].ids], dtype=np.int64)
+            mask = np.ones_like(ids)
+            inputs = [grpcclient.InferInput("input_ids", list(ids.shape), "INT64"),
+                      grpcclient.InferInput("attention_mask", list(ids.shape), "INT64")]
+            inputs[0].set_data_from_numpy(ids)
+            inputs[1].set_data_from_numpy(mask)
+            return grpc.infer("minilm", inputs).as_numpy("embedding")
+
+        e_pos, e_neg = embed(4)[0], embed(5)[0]
+        if not np.isclose(np.linalg.norm(e_pos), 1.0, atol=1e-3):
+            raise RuntimeError("minilm returned an embedding that is not unit length")
+        counter = iter(range(10**9))
+        embed(0)
+        summaries.append(
+            LatencySummary.of("minilm grpc", *_timed(lambda: embed(next(counter)), max(20, requests // 10)))
+        )
+        log(f"minilm cosine('love ... quickly', 'slowest ... ever') = {float(e_pos @ e_neg):.3f}")
+        http.close()
+        grpc.close()
+    return summaries

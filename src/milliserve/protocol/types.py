@@ -1,0 +1,79 @@
+"""Transport-free Open Inference Protocol types.
+
+These are plain slotted dataclasses: they sit on the hot path, so they carry
+numpy arrays and no validation of their own. Validation against a model lives
+in runtime/validation.py; decoding from the wire lives in the codecs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "InferRequest",
+    "InferResponse",
+    "InferTensor",
+    "Parameters",
+    "RequestedOutput",
+    "TensorSpec",
+]
+
+Parameters = dict[str, Any]
+
+
+@dataclass(slots=True)
+class InferTensor:
+    """A named tensor. ``data`` has the numpy dtype of ``datatype`` and shape ``shape``."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray[Any, Any]
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for, with its per-output parameters (e.g. ``binary_data``)."""
+
+    name: str
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One inference request as the dataplane sees it, whatever the transport."""
+
+    model_name: str
+    model_version: str
+    inputs: list[InferTensor]
+    id: str = ""
+    outputs: list[RequestedOutput] | None = None
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    """The answer to one InferRequest."""
+
+    model_name: str
+    model_version: str
+    outputs: list[InferTensor]
+    id: str = ""
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A model input or output as declared: name, OIP datatype and dims (-1 = variable).
+
+    ``dims`` excludes the batch dimension when the model batches (max_batch_size > 0),
+    as in Triton's config.
+    """
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]

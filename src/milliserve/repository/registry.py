@@ -1,0 +1,180 @@
+"""The set of models a server knows, their states, and load / reload / unload.
+
+A reload builds the new versions beside the old ones and swaps them in one step
+on the event loop; the old versions then drain their queues before they close.
+Requests that were already queued finish on the old version, new ones go to
+the new version, and none fails. A model that fails to load is marked
+UNAVAILABLE with the reason; a failed *reload* keeps the old versions serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError
+from milliserve.observability.metrics import Metrics
+from milliserve.repository.repository import Repository
+from milliserve.runtime.executor import Executor
+from milliserve.runtime.model_runtime import ModelRuntime
+
+__all__ = ["ModelRegistry", "ModelState"]
+
+log = logging.getLogger(__name__)
+
+
+class ModelState:
+    READY = "READY"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(slots=True)
+class _Entry:
+    name: str
+    state: str = ModelState.UNAVAILABLE
+    reason: str = ""
+    versions: dict[str, ModelRuntime] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def latest(self) -> ModelRuntime | None:
+        if not self.versions:
+            return None
+        return self.versions[max(self.versions, key=int)]
+
+
+class ModelRegistry:
+    """Loads models from a Repository and hands out ready ModelRuntimes."""
+
+    def __init__(self, repository: Repository, executor: Executor, metrics: Metrics) -> None:
+        self.repository = repository
+        self._executor = executor
+        self._metrics = metrics
+        self._entries: dict[str, _Entry] = {}
+
+    def _entry(self, name: str) -> _Entry:
+        entry = self._entries.get(name)
+        if entry is None:
+            self.repository.model_dir(name)  # NotFoundError for unknown names
+            entry = self._entries[name] = _Entry(name)
+        return entry
+
+    async def load(self, name: str) -> None:
+        """Load or reload a model. Raises ConfigError/BackendError (after recording them)."""
+        entry = self._entry(name)
+        async with entry.lock:
+            had_versions = bool(entry.versions)
+            if not had_versions:
+                entry.state, entry.reason = ModelState.LOADING, ""
+            try:
+                new = await self._build(name)
+            except (ConfigError, BackendError) as exc:
+                if had_versions:
+                    log.error("reload of %s failed, still serving the old versions: %s", name, exc)
+                else:
+                    entry.state, entry.reason = ModelState.UNAVAILABLE, exc.message
+                    log.error("model %s failed to load: %s", name, exc)
+                raise
+            old = entry.versions
+            entry.versions, entry.state, entry.reason = new, ModelState.READY, ""
+        for runtime in old.values():
+            await runtime.close()
+
+    async def _build(self, name: str) -> dict[str, ModelRuntime]:
+        config = self.repository.read_config(name)
+        available = self.repository.versions(name)
+        policy = config.version_policy if config else None
+        chosen = policy.select(available) if policy else available[-1:]
+        if not chosen:
+            raise ConfigError(
+                f"{self.repository.model_dir(name)}: no version to serve (version folders: "
+                f"{available}; version_policy selects none)"
+            )
+        built: dict[str, ModelRuntime] = {}
+        try:
+            for v in chosen:
+                vdir = self.repository.model_dir(name) / str(v)
+                built[str(v)] = await ModelRuntime.load(
+                    config, name, str(v), vdir, self._executor, self._metrics
+                )
+        except BaseException:
+            for rt in built.values():
+                await rt.close()
+            raise
+        return built
+
+    async def load_all(self, names: list[str] | None = None) -> None:
+        """Load several models; a failure is recorded and the others still load."""
+        for name in names if names is not None else self.repository.model_names():
+            try:
+                await self.load(name)
+            except (ConfigError, BackendError, NotFoundError):
+                pass
+
+    async def unload(self, name: str) -> None:
+        entry = self._entry(name)
+        async with entry.lock:
+            old = entry.versions
+            entry.state, entry.reason, entry.versions = ModelState.UNLOADING, "", {}
+            for runtime in old.values():
+                await runtime.close()
+            entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+
+    async def close(self) -> None:
+        for name in list(self._entries):
+            await self.unload(name)
+
+    def get(self, name: str, version: str = "") -> ModelRuntime:
+        """The runtime that serves ``name`` (and ``version``, "" = latest).
+
+        Raises NotFoundError for an unknown model or version, ModelNotReadyError
+        for a model that is not ready.
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            known = sorted(self._entries)
+            raise NotFoundError(f"unknown model {name!r} (this server has {known})")
+        if not entry.versions:
+            why = f": {entry.reason}" if entry.reason else ""
+            raise ModelNotReadyError(f"model {name!r} is not ready ({entry.state}{why})")
+        if not version:
+            rt = entry.latest()
+            assert rt is not None
+            return rt
+        rt = entry.versions.get(version)
+        if rt is None:
+            raise NotFoundError(
+                f"model {name!r} has no version {version!r} ready (serving {sorted(entry.versions, key=int)})"
+            )
+        return rt
+
+    def versions(self, name: str) -> list[str]:
+        entry = self._entries.get(name)
+        return sorted(entry.versions, key=int) if entry else []
+
+    def all_ready(self) -> list[ModelRuntime]:
+        return [rt for e in self._entries.values() for rt in e.versions.values()]
+
+    def is_loading(self) -> bool:
+        return any(e.state == ModelState.LOADING for e in self._entries.values())
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's repository index: every model on disk with its state."""
+        rows: list[dict[str, Any]] = []
+        for name in sorted(set(self.repository.model_names()) | set(self._entries)):
+            entry = self._entries.get(name)
+            if entry and entry.versions:
+                rows.extend(
+                    {"name": name, "version": v, "state": ModelState.READY, "reason": ""}
+                    for v in sorted(entry.versions, key=int)
+                )
+            elif not ready_only:
+                row: dict[str, Any] = {"name": name}
+                if entry:
+                    row["state"] = entry.state
+                    row["reason"] = entry.reason
+                rows.append(row)
+        return rows

@@ -1,0 +1,41 @@
+"""Discovery of a Triton-style model repository: ``<repo>/<model>/<version>/model.onnx``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from milliserve.config.model_config import ModelConfig, load_model_config
+from milliserve.errors import ConfigError, NotFoundError
+
+__all__ = ["Repository"]
+
+
+class Repository:
+    """A folder of model folders. Reads the disk on each call, so that a model added
+    while the server runs can be loaded through the repository API."""
+
+    def __init__(self, root: Path) -> None:
+        if not root.is_dir():
+            raise ConfigError(f"model repository {root} is not a directory")
+        self.root = root.resolve()
+
+    def model_names(self) -> list[str]:
+        return sorted(
+            p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+        )
+
+    def model_dir(self, name: str) -> Path:
+        # Only names listed in the repository are accepted, so a name like "../etc" can't escape.
+        if name not in self.model_names():
+            raise NotFoundError(
+                f"model {name!r} is not in the repository {self.root} (found {self.model_names()})"
+            )
+        return self.root / name
+
+    def versions(self, name: str) -> list[int]:
+        """Numeric version folders of a model, ascending."""
+        d = self.model_dir(name)
+        return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def read_config(self, name: str) -> ModelConfig | None:
+        return load_model_config(self.model_dir(name))

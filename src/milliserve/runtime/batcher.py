@@ -1,0 +1,295 @@
+"""Work-conserving dynamic batcher.
+
+One worker coroutine per model instance. An idle worker takes what is queued at
+once; requests that arrive while every instance is busy pile up and leave
+together as the next batch (up to ``max_batch_size``). ``max_queue_delay`` adds
+waiting only when a batch could grow toward a preferred size: the batch is
+short of it *and* the measured arrival rate says another request is due before
+the delay runs out. A lone request on a quiet server therefore never waits.
+
+Other rules, as in Triton:
+- a bounded queue (``max_queue_size``) rejects at once when full;
+- a per-request timeout drops a request that expires in the queue (REJECT) or
+  lets fresher requests go first (DELAY);
+- priority levels: level 1 is served first;
+- only requests with equal non-batch shapes are merged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from milliserve.errors import (
+    InvalidInputError,
+    QueueFullError,
+    QueueTimeoutError,
+    ServerShuttingDownError,
+)
+from milliserve.runtime.validation import Signature
+
+__all__ = ["BatchPolicy", "Batcher", "QueuedRequest"]
+
+# Weight of the newest inter-arrival gap in the running estimate.
+_GAP_ALPHA = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """Batching and queueing rules of one model version."""
+
+    label: str
+    merge: bool = False  # dynamic batching on: requests may share a batch
+    max_batch_size: int = 1
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_s: float = 0.0
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    max_queue_size: int = 0
+    default_timeout_us: int = 0
+    allow_timeout_override: bool = False
+    delay_on_timeout: bool = False  # timeout_action DELAY instead of REJECT
+
+    def target_batch(self) -> int:
+        return max(self.preferred_batch_sizes) if self.preferred_batch_sizes else self.max_batch_size
+
+    def priority_index(self, requested: Any) -> int:
+        """Queue index for a request's ``priority`` parameter (0 = config default)."""
+        if not self.priority_levels:
+            return 0
+        level = requested if requested else self.default_priority_level
+        if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= self.priority_levels:
+            raise InvalidInputError(
+                f"parameter 'priority' must be an integer in 1..{self.priority_levels} for model "
+                f"{self.label!r}, got {requested!r}"
+            )
+        return level - 1
+
+    def timeout_s(self, requested: Any) -> float | None:
+        """The queue timeout for a request's ``timeout`` parameter (µs), or None for none."""
+        us = self.default_timeout_us
+        if requested is not None:
+            if not isinstance(requested, int) or isinstance(requested, bool) or requested < 0:
+                raise InvalidInputError(
+                    f"parameter 'timeout' must be a non-negative integer (microseconds), got {requested!r}"
+                )
+            if self.allow_timeout_override or not us or requested < us:
+                us = requested
+        return us / 1e6 if us else None
+
+
+@dataclass(slots=True, eq=False)
+class QueuedRequest:
+    """A validated request waiting for an instance."""
+
+    inputs: dict[str, np.ndarray[Any, Any]]
+    batch_size: int
+    signature: Signature
+    future: asyncio.Future[dict[str, np.ndarray[Any, Any]]]
+    priority: int = 0
+    enqueued: float = field(default_factory=time.perf_counter)
+    expired: bool = False
+    dispatched: float = 0.0
+    timer: asyncio.TimerHandle | None = None
+
+
+Runner = Callable[[list[QueuedRequest], int], Awaitable[None]]
+
+
+class Batcher:
+    """Queues validated requests and feeds batches to ``runner(batch, instance_index)``."""
+
+    def __init__(self, policy: BatchPolicy, runner: Runner, instances: int) -> None:
+        self.policy = policy
+        self._runner = runner
+        self._instances = instances
+        self._queues: list[deque[QueuedRequest]] = [
+            deque() for _ in range(max(1, policy.priority_levels))
+        ]
+        self._size = 0
+        self._inflight = 0
+        self._closed = False
+        self._gap: float | None = None
+        self._last_arrival: float | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        # asyncio objects are made in start(), inside the running loop
+        self._wakeup: asyncio.Event
+        self._form_lock: asyncio.Lock
+        self._drained: asyncio.Event
+
+    @property
+    def queued(self) -> int:
+        return self._size
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    async def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._form_lock = asyncio.Lock()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._workers = [
+            asyncio.create_task(self._worker(i), name=f"batcher-{self.policy.label}-{i}")
+            for i in range(self._instances)
+        ]
+
+    def submit(self, item: QueuedRequest, timeout_s: float | None) -> None:
+        """Queue a request; its future resolves with the outputs. Raises at once when the
+        queue is full or the batcher is closing."""
+        if self._closed:
+            raise ServerShuttingDownError(f"model {self.policy.label!r} is unloading or shutting down")
+        limit = self.policy.max_queue_size
+        if limit and self._size >= limit:
+            raise QueueFullError(
+                f"model {self.policy.label!r} has {self._size} requests queued (max_queue_size "
+                f"{limit}); retry later"
+            )
+        now = item.enqueued
+        if self._last_arrival is not None:
+            gap = now - self._last_arrival
+            self._gap = gap if self._gap is None else self._gap + _GAP_ALPHA * (gap - self._gap)
+        self._last_arrival = now
+        if timeout_s is not None:
+            loop = asyncio.get_running_loop()
+            item.timer = loop.call_later(timeout_s, self._on_timeout, item, timeout_s)
+        self._queues[item.priority].append(item)
+        self._size += 1
+        self._drained.clear()
+        self._wakeup.set()
+
+    def _on_timeout(self, item: QueuedRequest, timeout_s: float) -> None:
+        if item.dispatched or item.future.done():
+            return
+        if self.policy.delay_on_timeout:
+            item.expired = True
+            return
+        self._queues[item.priority].remove(item)
+        self._size -= 1
+        item.future.set_exception(
+            QueueTimeoutError(
+                f"request to model {self.policy.label!r} waited {timeout_s * 1e6:.0f} µs in the "
+                "queue and timed out before an instance was free"
+            )
+        )
+        self._note_idle()
+
+    async def _worker(self, index: int) -> None:
+        while True:
+            batch = await self._next_batch()
+            self._inflight += 1
+            try:
+                await self._runner(batch, index)
+            finally:
+                self._inflight -= 1
+                self._note_idle()
+
+    def _note_idle(self) -> None:
+        if self._size == 0 and self._inflight == 0:
+            self._drained.set()
+
+    async def _next_batch(self) -> list[QueuedRequest]:
+        async with self._form_lock:
+            while True:
+                if self._size == 0:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                now = time.perf_counter()
+                batch = self._collect()
+                if not batch:
+                    continue
+                wait_until = self._wait_until(batch, now)
+                if wait_until is None:
+                    return self._take(batch, now)
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), wait_until - now)
+                except TimeoutError:
+                    pass
+
+    def _ordered(self) -> list[QueuedRequest]:
+        """Queued requests in service order: priority, then fresh before expired, then FIFO."""
+        items: list[QueuedRequest] = []
+        late: list[QueuedRequest] = []
+        for q in self._queues:
+            for it in q:
+                (late if it.expired else items).append(it)
+        return items + late
+
+    def _collect(self) -> list[QueuedRequest]:
+        batch: list[QueuedRequest] = []
+        total = 0
+        for it in self._ordered():
+            if it.future.done():  # the client went away; drop it when taking
+                continue
+            if not batch:
+                batch.append(it)
+                total = it.batch_size
+                if not self.policy.merge:
+                    break
+                continue
+            if it.signature != batch[0].signature:
+                continue
+            if total + it.batch_size > self.policy.max_batch_size:
+                break
+            batch.append(it)
+            total += it.batch_size
+        if not batch:  # only cancelled requests were queued: discard them
+            for q in self._queues:
+                q.clear()
+            self._size = 0
+            self._note_idle()
+        return batch
+
+    def _wait_until(self, batch: list[QueuedRequest], now: float) -> float | None:
+        """When to stop waiting for the batch to grow, or None to dispatch now."""
+        p = self.policy
+        if not p.merge or p.max_queue_delay_s <= 0:
+            return None
+        total = sum(it.batch_size for it in batch)
+        if total >= p.target_batch() or total in p.preferred_batch_sizes:
+            return None
+        limit = min(it.enqueued for it in batch) + p.max_queue_delay_s
+        if now >= limit or self._gap is None or self._last_arrival is None:
+            return None
+        if self._last_arrival + self._gap > limit:  # nobody is due in time: don't make them wait
+            return None
+        return limit
+
+    def _take(self, batch: list[QueuedRequest], now: float) -> list[QueuedRequest]:
+        chosen = set(map(id, batch))
+        for i, q in enumerate(self._queues):
+            kept = deque(it for it in q if id(it) not in chosen and not it.future.done())
+            self._size -= len(q) - len(kept)
+            self._queues[i] = kept
+        for it in batch:
+            it.dispatched = now
+            if it.timer is not None:
+                it.timer.cancel()
+        return batch
+
+    async def close(self, drain: bool = True) -> None:
+        """Stop taking requests; with ``drain``, finish every queued and running one first."""
+        self._closed = True
+        if drain and self._workers:
+            await self._drained.wait()
+        for w in self._workers:
+            w.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+        for q in self._queues:
+            for it in q:
+                if not it.future.done():
+                    it.future.set_exception(
+                        ServerShuttingDownError(f"model {self.policy.label!r} was unloaded")
+                    )
+            q.clear()
+        self._size = 0

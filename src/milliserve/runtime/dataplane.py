@@ -1,0 +1,98 @@
+"""The transport-agnostic request path shared by the HTTP and gRPC front ends.
+
+Front ends translate the wire to protocol types, call one method here, and map
+the errors of ``milliserve.errors`` to their status codes. Nothing here knows
+about HTTP or gRPC.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from milliserve._version import __version__
+from milliserve.config.model_config import ModelConfig
+from milliserve.errors import ModelControlDisabledError, RequestError
+from milliserve.protocol.types import InferRequest, InferResponse
+from milliserve.repository.registry import ModelRegistry
+
+__all__ = ["EXTENSIONS", "DataPlane"]
+
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "model_repository",
+    "schedule_policy",
+)
+
+
+class DataPlane:
+    """Health, metadata, inference, statistics and repository control."""
+
+    def __init__(self, registry: ModelRegistry, model_control: bool) -> None:
+        self.registry = registry
+        self.model_control = model_control
+        self.started = False
+        self.stopping = False
+
+    # ---- health & metadata ----
+    def live(self) -> bool:
+        return not self.stopping
+
+    def ready(self) -> bool:
+        """Ready once start-up loading is done and until shutdown begins. A model that
+        failed to load does not make the server unready: the others still serve."""
+        return self.started and not self.stopping and not self.registry.is_loading()
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "milliserve", "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        self.registry.get(name, version)  # NotFoundError for unknown names/versions
+        return True
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        rt = self.registry.get(name, version)
+        return rt.metadata(self.registry.versions(name))
+
+    def model_config(self, name: str, version: str = "") -> ModelConfig:
+        return self.registry.get(name, version).config
+
+    def model_statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        if name:
+            runtimes = [self.registry.get(name, version)] if version else [
+                self.registry.get(name, v) for v in self.registry.versions(name)
+            ]
+            if not runtimes:
+                self.registry.get(name)  # raises the right not-ready/not-found error
+        else:
+            runtimes = self.registry.all_ready()
+        return [rt.stats.as_dict() for rt in runtimes]
+
+    # ---- inference ----
+    async def infer(self, request: InferRequest) -> InferResponse:
+        rt = self.registry.get(request.model_name, request.model_version)
+        return await rt.infer(request)
+
+    # ---- repository ----
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self.registry.index(ready_only)
+
+    def _check_control(self, action: str, parameters: dict[str, Any]) -> None:
+        if not self.model_control:
+            raise ModelControlDisabledError(
+                f"cannot {action}: the repository API is disabled; start the server with "
+                "--model-control-mode explicit"
+            )
+        if parameters:
+            raise RequestError(f"{action}: parameters {sorted(parameters)} are not supported")
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self._check_control(f"load model {name!r}", parameters or {})
+        await self.registry.load(name)
+
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        params = dict(parameters or {})
+        params.pop("unload_dependents", None)  # Triton clients send it; there are no dependents here
+        self._check_control(f"unload model {name!r}", params)
+        await self.registry.unload(name)

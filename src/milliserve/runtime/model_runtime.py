@@ -1,0 +1,277 @@
+"""One loaded model version: its backend instances, batcher, statistics and warmup."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from milliserve.backends.base import Backend, BackendInfo
+from milliserve.backends.onnxruntime import OnnxRuntimeBackend, parse_ort_options
+from milliserve.config.model_config import ModelConfig, WarmupSpec
+from milliserve.errors import (
+    BackendError,
+    ConfigError,
+    MilliserveError,
+    QueueFullError,
+    QueueTimeoutError,
+    RequestError,
+    UnavailableError,
+)
+from milliserve.observability.metrics import Metrics
+from milliserve.protocol.datatypes import BYTES, oip_to_numpy
+from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
+from milliserve.repository.autocomplete import complete_config
+from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
+from milliserve.runtime.executor import Executor
+from milliserve.runtime.stats import ModelStats
+from milliserve.runtime.validation import ModelIO, validate_request
+
+__all__ = ["MODEL_FILENAME", "ModelRuntime"]
+
+log = logging.getLogger(__name__)
+MODEL_FILENAME = "model.onnx"
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+def _failure_reason(exc: BaseException) -> str:
+    if isinstance(exc, RequestError):
+        return "REJECTED"
+    if isinstance(exc, QueueFullError):
+        return "QUEUE_FULL"
+    if isinstance(exc, QueueTimeoutError):
+        return "TIMEOUT"
+    if isinstance(exc, UnavailableError):
+        return "UNAVAILABLE"
+    if isinstance(exc, asyncio.CancelledError):
+        return "CANCELED"
+    return "BACKEND"
+
+
+def _policy(cfg: ModelConfig, label: str) -> BatchPolicy:
+    db = cfg.dynamic_batching
+    if db is None:
+        return BatchPolicy(label=label, max_batch_size=max(1, cfg.max_batch_size))
+    qp = db.default_queue_policy
+    return BatchPolicy(
+        label=label,
+        merge=True,
+        max_batch_size=cfg.max_batch_size,
+        preferred_batch_sizes=db.preferred_batch_size,
+        max_queue_delay_s=db.max_queue_delay_microseconds / 1e6,
+        priority_levels=db.priority_levels,
+        default_priority_level=db.default_priority_level,
+        max_queue_size=qp.max_queue_size,
+        default_timeout_us=qp.default_timeout_microseconds,
+        allow_timeout_override=qp.allow_timeout_override,
+        delay_on_timeout=qp.timeout_action == "DELAY",
+    )
+
+
+def _warmup_inputs(spec: WarmupSpec, batching: bool, rng: np.random.Generator) -> Arrays:
+    feeds: Arrays = {}
+    for name, inp in spec.inputs.items():
+        shape = ((spec.batch_size,) if batching else ()) + tuple(d if d > 0 else 1 for d in inp.dims)
+        if inp.data_type == BYTES:
+            feeds[name] = np.full(shape, b"", dtype=object)
+        elif inp.random_data:
+            feeds[name] = rng.random(shape).astype(oip_to_numpy(inp.data_type))
+        else:
+            feeds[name] = np.zeros(shape, dtype=oip_to_numpy(inp.data_type))
+    return feeds
+
+
+def _default_warmup(cfg: ModelConfig) -> WarmupSpec:
+    from milliserve.config.model_config import WarmupInput
+
+    return WarmupSpec(
+        name="auto",
+        inputs={
+            t.name: WarmupInput(data_type=t.data_type, dims=t.dims, zero_data=True) for t in cfg.input
+        },
+    )
+
+
+class ModelRuntime:
+    """A model version that is loaded, warmed up and accepting requests."""
+
+    def __init__(
+        self, config: ModelConfig, version: str, backends: list[Backend], info: BackendInfo,
+        executor: Executor, metrics: Metrics,
+    ) -> None:
+        self.config = config
+        self.version = version
+        self.info = info
+        self.label = f"{config.name}" if version == "1" else f"{config.name}:{version}"
+        self._backends = backends
+        self._executor = executor
+        self.stats = ModelStats(config.name, version, metrics.bind(config.name, version))
+        self.io = ModelIO(
+            label=config.name,
+            inputs={t.name: t.spec() for t in config.input},
+            outputs={t.name: t.spec() for t in config.output},
+            max_batch_size=config.max_batch_size,
+            allow_nonfinite=config.parameters.get("allow_nonfinite_inputs", "false").lower() == "true",
+        )
+        self._output_names = [t.name for t in config.output]
+        self.policy = _policy(config, config.name)
+        self.batcher = Batcher(self.policy, self._run_batch, len(backends))
+
+    # ---- loading ----
+    @classmethod
+    async def load(
+        cls, config: ModelConfig | None, name: str, version: str, version_dir: Path,
+        executor: Executor, metrics: Metrics,
+    ) -> ModelRuntime:
+        """Create the instances, complete the config, warm up. Raises ConfigError or BackendError."""
+        model_path = version_dir / MODEL_FILENAME
+        where = str(version_dir.parent / "config")
+        if not model_path.is_file():
+            raise ConfigError(f"{version_dir}: no {MODEL_FILENAME} in this version directory")
+        t0 = time.perf_counter()
+        probe = config or ModelConfig(name=name)
+        options = parse_ort_options(probe)
+        count = probe.instance_count
+        backends: list[Backend] = []
+        for _ in range(count):
+            backends.append(await executor.run_load(OnnxRuntimeBackend, model_path, options))
+        info = backends[0].info()
+        final = complete_config(config, name, info, where)
+        runtime = cls(final, version, backends, info, executor, metrics)
+        load_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        await runtime._warmup()
+        runtime.stats.record_load(load_s, time.perf_counter() - t1)
+        await runtime.batcher.start()
+        log.info("loaded %s version %s in %.3fs (warmup %.3fs, %d instance(s))",
+                 name, version, load_s, runtime.stats.warmup_s, count)
+        return runtime
+
+    async def _warmup(self) -> None:
+        explicit = bool(self.config.model_warmup)
+        specs = self.config.model_warmup or (_default_warmup(self.config),)
+        rng = np.random.default_rng(0)
+        batching = self.config.max_batch_size > 0
+        for spec in specs:
+            feeds = _warmup_inputs(spec, batching, rng)
+            for backend in self._backends:
+                for _ in range(spec.count):
+                    try:
+                        await self._executor.run_load(backend.run, feeds, self._output_names)
+                    except BackendError as exc:
+                        if explicit:
+                            raise BackendError(f"warmup {spec.name!r} failed: {exc}") from exc
+                        # zeros are not valid input for every model; the automatic warmup is a courtesy
+                        log.warning("automatic warmup of %s skipped: %s", self.label, exc)
+                        return
+
+    async def close(self) -> None:
+        """Finish queued and running requests, then release the instances."""
+        await self.batcher.close(drain=True)
+        for b in self._backends:
+            b.close()
+
+    # ---- serving ----
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate, queue and answer one request."""
+        t0 = time.perf_counter_ns()
+        pending = self.stats.metrics.pending
+        pending.inc()
+        try:
+            batch_size, signature = validate_request(request, self.io)
+            params = request.parameters
+            priority = self.policy.priority_index(params.get("priority"))
+            timeout_s = self.policy.timeout_s(params.get("timeout"))
+            future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
+            item = QueuedRequest(
+                {t.name: t.data for t in request.inputs}, batch_size, signature, future, priority
+            )
+            self.batcher.submit(item, timeout_s)
+            outputs = await future
+        except (MilliserveError, asyncio.CancelledError) as exc:
+            self.stats.record_request(time.perf_counter_ns() - t0, _failure_reason(exc))
+            raise
+        finally:
+            pending.dec()
+        wanted = [o.name for o in request.outputs] if request.outputs else self._output_names
+        specs = self.io.outputs
+        response = InferResponse(
+            model_name=self.config.name,
+            model_version=self.version,
+            id=request.id,
+            outputs=[
+                InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted
+            ],
+        )
+        self.stats.record_request(time.perf_counter_ns() - t0, None)
+        return response
+
+    def _execute(self, backend: Backend, batch: list[QueuedRequest]) -> tuple[list[Arrays], int, int, int]:
+        """Runs in a worker thread: assemble, run, split. Returns per-request outputs and timings."""
+        t0 = time.perf_counter_ns()
+        if len(batch) == 1:
+            feeds = batch[0].inputs
+        else:
+            feeds = {n: np.concatenate([it.inputs[n] for it in batch]) for n in batch[0].inputs}
+        t1 = time.perf_counter_ns()
+        outputs = backend.run(feeds, self._output_names)
+        t2 = time.perf_counter_ns()
+        if len(batch) == 1:
+            per_item = [outputs]
+        else:
+            per_item = []
+            start = 0
+            for it in batch:
+                end = start + it.batch_size
+                per_item.append({n: a[start:end] for n, a in outputs.items()})
+                start = end
+        t3 = time.perf_counter_ns()
+        return per_item, t1 - t0, t2 - t1, t3 - t2
+
+    async def _run_batch(self, batch: list[QueuedRequest], index: int) -> None:
+        try:
+            per_item, in_ns, infer_ns, out_ns = await self._executor.run(
+                self._execute, self._backends[index], batch
+            )
+        except BackendError as exc:
+            if len(batch) > 1:
+                # Isolation: one request's data may break a batch (e.g. an out-of-range token id);
+                # rerun them one by one so only the culprit fails.
+                for it in batch:
+                    await self._run_batch([it], index)
+                return
+            log.warning("%s: %s", self.label, exc)
+            if not batch[0].future.done():
+                batch[0].future.set_exception(exc)
+            return
+        except Exception as exc:  # a bug, not a model failure: still answer every request
+            log.exception("%s: unexpected error running a batch", self.label)
+            err = BackendError(f"internal error running model {self.label!r}: {exc}")
+            for it in batch:
+                if not it.future.done():
+                    it.future.set_exception(err)
+            return
+        queue_ns = [int((it.dispatched - it.enqueued) * 1e9) for it in batch]
+        self.stats.record_batch(sum(it.batch_size for it in batch), queue_ns, in_ns, infer_ns, out_ns)
+        for it, outs in zip(batch, per_item, strict=True):
+            if not it.future.done():
+                it.future.set_result(outs)
+
+    # ---- descriptions ----
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        batch = [-1] if self.config.max_batch_size > 0 else []
+
+        def tensors(section: tuple[Any, ...]) -> list[dict[str, Any]]:
+            return [{"name": t.name, "datatype": t.data_type, "shape": batch + list(t.dims)} for t in section]
+
+        return {
+            "name": self.config.name,
+            "versions": versions,
+            "platform": self.info.platform,
+            "inputs": tensors(self.config.input),
+            "outputs": tensors(self.config.output),
+        }

@@ -1,0 +1,191 @@
+"""The Open Inference Protocol over HTTP, as a raw ASGI application.
+
+No framework sits between uvicorn and the dataplane: routing is a split of the
+path, JSON goes through orjson, and the body size is limited while it is read.
+The choice was measured (docs/benchmarks.md): a framework's routing and
+request objects cost more than the whole tiny-model inference.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from milliserve.config.model_config import config_to_dict
+from milliserve.errors import (
+    MalformedRequestError,
+    MilliserveError,
+    ModelNotReadyError,
+    NotFoundError,
+    RequestTooLargeError,
+)
+from milliserve.protocol.json_codec import (
+    decode_infer_request,
+    decode_json_object,
+    encode_infer_response,
+    encode_json,
+)
+from milliserve.runtime.dataplane import DataPlane
+from milliserve.server.http.status import http_status
+
+__all__ = ["HttpApp"]
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_JSON = (b"content-type", b"application/json")
+_OCTET = (b"content-type", b"application/octet-stream")
+_HEADER_LEN = b"inference-header-content-length"
+_EMPTY_OK = b"{}"
+
+
+class HttpApp:
+    """ASGI callable serving ``/v2/...`` for one DataPlane."""
+
+    def __init__(self, dataplane: DataPlane, max_request_bytes: int) -> None:
+        self.dp = dataplane
+        self.max_request_bytes = max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            status, body, headers = await self._route(scope, receive)
+        except MilliserveError as exc:
+            status = http_status(exc)
+            body, headers = encode_json({"error": exc.message}), [_JSON]
+        except Exception as exc:  # a bug: answer 500, keep serving, log the trace
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            status, body, headers = 500, encode_json({"error": f"internal error: {exc}"}), [_JSON]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.max_request_bytes
+        for k, v in scope["headers"]:
+            if k == b"content-length":
+                try:
+                    declared = int(v)
+                except ValueError:
+                    raise MalformedRequestError(f"bad Content-Length {v.decode(errors='replace')!r}") from None
+                if declared > limit:
+                    raise RequestTooLargeError(
+                        f"request body of {declared} bytes is over the limit of {limit} bytes"
+                    )
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise MalformedRequestError("client disconnected before sending the whole body")
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise RequestTooLargeError(f"request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        method: str = scope["method"]
+        parts = scope["path"].strip("/").split("/")
+        if not parts or parts[0] != "v2":
+            raise NotFoundError(f"no route for {scope['path']}; the API lives under /v2")
+        rest = parts[1:]
+        if method == "POST" and len(rest) >= 3 and rest[0] == "models" and rest[-1] == "infer":
+            return await self._infer(scope, receive, rest)
+        if method == "GET":
+            return self._get(rest)
+        if method == "POST" and rest[:1] == ["repository"]:
+            return await self._repository(scope, receive, rest[1:])
+        raise NotFoundError(f"no route for {method} {scope['path']}")
+
+    @staticmethod
+    def _model_ref(rest: list[str]) -> tuple[str, str, list[str]]:
+        """Split ``models/{m}[/versions/{v}]/tail...`` into (model, version, tail)."""
+        name = rest[1]
+        if len(rest) >= 4 and rest[2] == "versions":
+            return name, rest[3], rest[4:]
+        return name, "", rest[2:]
+
+    async def _infer(self, scope: Scope, receive: Receive, rest: list[str]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        name, version, tail = self._model_ref(rest)
+        if tail != ["infer"]:
+            raise NotFoundError(f"no route for POST {scope['path']}")
+        header_len: int | None = None
+        for k, v in scope["headers"]:
+            if k == _HEADER_LEN:
+                try:
+                    header_len = int(v)
+                except ValueError:
+                    raise MalformedRequestError("Inference-Header-Content-Length must be an integer") from None
+        body = await self._read_body(scope, receive)
+        request = decode_infer_request(body, header_len, name, version)
+        response = await self.dp.infer(request)
+        out, out_header_len = encode_infer_response(response, request)
+        if out_header_len is None:
+            return 200, out, [_JSON]
+        return 200, out, [_OCTET, (_HEADER_LEN, str(out_header_len).encode())]
+
+    def _get(self, rest: list[str]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        dp = self.dp
+        if not rest:
+            return 200, encode_json(dp.server_metadata()), [_JSON]
+        if rest[0] == "health" and len(rest) == 2:
+            ok = dp.live() if rest[1] == "live" else dp.ready() if rest[1] == "ready" else None
+            if ok is None:
+                raise NotFoundError(f"no health endpoint {rest[1]!r}; use live or ready")
+            return (200 if ok else 503), _EMPTY_OK, [_JSON]
+        if rest == ["models", "stats"]:
+            return 200, encode_json({"model_stats": dp.model_statistics()}), [_JSON]
+        if rest[0] == "models" and len(rest) >= 2:
+            name, version, tail = self._model_ref(rest)
+            if not tail:
+                return 200, encode_json(dp.model_metadata(name, version)), [_JSON]
+            if tail == ["ready"]:
+                try:
+                    dp.model_ready(name, version)
+                except ModelNotReadyError as exc:
+                    return 503, encode_json({"error": exc.message}), [_JSON]
+                return 200, _EMPTY_OK, [_JSON]
+            if tail == ["config"]:
+                return 200, encode_json(config_to_dict(dp.model_config(name, version))), [_JSON]
+            if tail == ["stats"]:
+                return 200, encode_json({"model_stats": dp.model_statistics(name, version)}), [_JSON]
+        raise NotFoundError(f"no route for GET /v2/{'/'.join(rest)}")
+
+    async def _repository(self, scope: Scope, receive: Receive, rest: list[str]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        body = await self._read_body(scope, receive)
+        doc = decode_json_object(body) if body.strip() else {}
+        if rest == ["index"]:
+            return 200, encode_json(self.dp.repository_index(bool(doc.get("ready", False)))), [_JSON]
+        if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
+            params = doc.get("parameters") or {}
+            if not isinstance(params, dict):
+                raise MalformedRequestError("'parameters' must be an object")
+            if rest[2] == "load":
+                await self.dp.load_model(rest[1], params)
+            else:
+                await self.dp.unload_model(rest[1], params)
+            return 200, _EMPTY_OK, [_JSON]
+        raise NotFoundError(f"no route for POST /v2/repository/{'/'.join(rest)}")
+

@@ -1,0 +1,27 @@
+"""The Prometheus endpoint: ``GET /metrics`` on the metrics port."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+__all__ = ["MetricsApp"]
+
+
+class MetricsApp:
+    """A minimal ASGI app exposing one registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/metrics":
+            status, body, ctype = 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
+        else:
+            status, body, ctype = 404, b"not found; metrics are at /metrics\n", "text/plain"
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,131 @@
+"""Helpers for testing against milliserve: free ports, a server in a subprocess,
+and a server in this process. Public, so users' own tests can use them too."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+from types import TracebackType
+
+from milliserve.config.settings import GrpcSettings, HttpSettings, MetricsSettings, Settings
+from milliserve.server.app import Server
+
+__all__ = ["InProcessServer", "ServerProcess", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """``milliserve serve`` in a subprocess on free loopback ports.
+
+    Use as a context manager: it waits for ``/v2/health/ready`` and, on exit,
+    sends SIGTERM to the PID and waits for a clean exit.
+    """
+
+    def __init__(self, repository: Path, *extra_args: str, ready_timeout_s: float = 60.0,
+                 env: dict[str, str] | None = None) -> None:
+        self.repository = repository
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.extra_args = extra_args
+        self.ready_timeout_s = ready_timeout_s
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def start(self) -> ServerProcess:
+        cmd = [
+            sys.executable, "-m", "milliserve", "serve", str(self.repository),
+            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+            "--metrics-port", str(self.metrics_port), *self.extra_args,
+        ]
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"milliserve-{self.http_port}.log"
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + self.ready_timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"server not ready after {self.ready_timeout_s}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM the server and wait; returns its exit code (kills it after ``timeout_s``)."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class InProcessServer:
+    """A Server in this process's running event loop, on free ports (``async with``)."""
+
+    def __init__(self, repository: Path, model_control_mode: str = "none", grpc: bool = True) -> None:
+        self.settings = Settings(
+            model_repository=repository,
+            http=HttpSettings(port=free_port()),
+            grpc=GrpcSettings(port=free_port(), enabled=grpc),
+            metrics=MetricsSettings(port=free_port()),
+            model_control_mode=model_control_mode,  # type: ignore[arg-type]
+            shutdown_grace_s=5,
+        )
+        self.server = Server(self.settings)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.http.port}"
+
+    async def __aenter__(self) -> Server:
+        await self.server.start()
+        return self.server
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await asyncio.shield(self.server.stop())
