@@ -65,8 +65,8 @@ class ServerProcess:
             "--metrics-port", str(self.metrics_port), *self.extra_args,
         ]
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"milliserve-{self.http_port}.log"
-        log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + self.ready_timeout_s
         url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
@@ -106,14 +106,19 @@ class ServerProcess:
 
 
 class InProcessServer:
-    """A Server in this process's running event loop, on free ports (``async with``)."""
+    """A Server in this process's running event loop (``async with``).
 
-    def __init__(self, repository: Path, model_control_mode: str = "none", grpc: bool = True) -> None:
+    With ``listen=False`` no port is opened: use ``server.http_app()`` with
+    ``httpx.ASGITransport`` for fast in-process HTTP tests.
+    """
+
+    def __init__(self, repository: Path, model_control_mode: str = "none", listen: bool = True,
+                 max_request_bytes: int = 1 << 20) -> None:
         self.settings = Settings(
             model_repository=repository,
-            http=HttpSettings(port=free_port()),
-            grpc=GrpcSettings(port=free_port(), enabled=grpc),
-            metrics=MetricsSettings(port=free_port()),
+            http=HttpSettings(port=free_port(), enabled=listen, max_request_bytes=max_request_bytes),
+            grpc=GrpcSettings(port=free_port(), enabled=listen),
+            metrics=MetricsSettings(port=free_port(), enabled=listen),
             model_control_mode=model_control_mode,  # type: ignore[arg-type]
             shutdown_grace_s=5,
         )

@@ -29,7 +29,7 @@ import numpy as np
 
 from milliserve.backends.base import BackendInfo
 from milliserve.config.model_config import ModelConfig
-from milliserve.errors import BackendError, ConfigError
+from milliserve.errors import BackendError, ConfigError, InvalidInputError
 from milliserve.protocol.datatypes import BYTES
 from milliserve.protocol.types import TensorSpec
 
@@ -169,7 +169,7 @@ class OnnxRuntimeBackend:
         spin = "1" if options.allow_spinning else "0"
         so.add_session_config_entry("session.intra_op.allow_spinning", spin)
         so.add_session_config_entry("session.inter_op.allow_spinning", spin)
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # errors reach the client and our log; ORT need not print them too
         try:
             self._session = ort.InferenceSession(str(model_path), so, providers=providers)
         except Exception as exc:  # ORT raises its own exception types; report them uniformly
@@ -180,6 +180,9 @@ class OnnxRuntimeBackend:
             platform="onnxruntime_onnx",
             notes=tuple(notes),
         )
+        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+        self._invalid_argument = InvalidArgument
         self._string_inputs = {s.name for s in self._info.inputs if s.datatype == BYTES}
 
     def info(self) -> BackendInfo:
@@ -197,6 +200,10 @@ class OnnxRuntimeBackend:
                 )
         try:
             results = self._session.run(outputs, feeds)
+        except self._invalid_argument as exc:
+            # ORT's INVALID_ARGUMENT comes from the data (e.g. a token id past the vocabulary):
+            # the client's fault, so a 400 that names it, not a 500.
+            raise InvalidInputError(f"the model rejected the input data: {exc}") from exc
         except Exception as exc:
             raise BackendError(f"onnxruntime failed: {exc}") from exc
         return dict(zip(outputs, results, strict=True))

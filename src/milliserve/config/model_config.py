@@ -172,18 +172,19 @@ class ModelConfig(_Strict):
     @field_validator("parameters", mode="before")
     @classmethod
     def _flatten_parameters(cls, v: Any) -> Any:
-        # Triton writes parameters { key: "k" value: { string_value: "v" } }.
-        if isinstance(v, dict):
-            return {
-                k: (str(x["string_value"]) if isinstance(x, dict) and "string_value" in x else x)
-                for k, x in v.items()
-            }
-        return v
-
-    @field_validator("parameters")
-    @classmethod
-    def _str_values(cls, v: dict[str, Any]) -> dict[str, str]:
-        return {k: str(x).lower() if isinstance(x, bool) else str(x) for k, x in v.items()}
+        # Triton writes parameters { key: "k" value: { string_value: "v" } }; YAML may write k: v.
+        if not isinstance(v, dict):
+            return v
+        flat: dict[str, Any] = {}
+        for k, x in v.items():
+            if isinstance(x, dict) and set(x) == {"string_value"}:
+                x = x["string_value"]
+            if isinstance(x, bool):
+                x = str(x).lower()
+            elif isinstance(x, int | float):
+                x = str(x)
+            flat[k] = x
+        return flat
 
     @field_validator("platform")
     @classmethod

@@ -12,10 +12,11 @@ import numpy as np
 
 from milliserve.backends.base import Backend, BackendInfo
 from milliserve.backends.onnxruntime import OnnxRuntimeBackend, parse_ort_options
-from milliserve.config.model_config import ModelConfig, WarmupSpec
+from milliserve.config.model_config import ModelConfig, WarmupInput, WarmupSpec
 from milliserve.errors import (
     BackendError,
     ConfigError,
+    InvalidInputError,
     MilliserveError,
     QueueFullError,
     QueueTimeoutError,
@@ -86,8 +87,6 @@ def _warmup_inputs(spec: WarmupSpec, batching: bool, rng: np.random.Generator) -
 
 
 def _default_warmup(cfg: ModelConfig) -> WarmupSpec:
-    from milliserve.config.model_config import WarmupInput
-
     return WarmupSpec(
         name="auto",
         inputs={
@@ -162,7 +161,7 @@ class ModelRuntime:
                 for _ in range(spec.count):
                     try:
                         await self._executor.run_load(backend.run, feeds, self._output_names)
-                    except BackendError as exc:
+                    except (BackendError, InvalidInputError) as exc:
                         if explicit:
                             raise BackendError(f"warmup {spec.name!r} failed: {exc}") from exc
                         # zeros are not valid input for every model; the automatic warmup is a courtesy
@@ -237,14 +236,15 @@ class ModelRuntime:
             per_item, in_ns, infer_ns, out_ns = await self._executor.run(
                 self._execute, self._backends[index], batch
             )
-        except BackendError as exc:
+        except (BackendError, InvalidInputError) as exc:
             if len(batch) > 1:
                 # Isolation: one request's data may break a batch (e.g. an out-of-range token id);
                 # rerun them one by one so only the culprit fails.
                 for it in batch:
                     await self._run_batch([it], index)
                 return
-            log.warning("%s: %s", self.label, exc)
+            if isinstance(exc, BackendError):  # client data errors are the client's to see, not logs'
+                log.warning("%s: %s", self.label, exc)
             if not batch[0].future.done():
                 batch[0].future.set_exception(exc)
             return

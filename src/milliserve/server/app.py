@@ -57,6 +57,10 @@ class Server:
         self._grpc: Any = None
         self._stopped: asyncio.Event | None = None
 
+    def http_app(self) -> HttpApp:
+        """The ASGI application of this server (to mount elsewhere, or test in-process)."""
+        return HttpApp(self.dataplane, self.settings.http.max_request_bytes)
+
     def _uvicorn(self, app: Any, port: int, graceful_s: float) -> _Uvicorn:
         config = uvicorn.Config(
             app, host=self.settings.host, port=port, http="httptools", lifespan="off",
@@ -79,8 +83,7 @@ class Server:
         s = self.settings
         self._stopped = asyncio.Event()
         if s.http.enabled:
-            app = HttpApp(self.dataplane, s.http.max_request_bytes)
-            await self._start_uvicorn(self._uvicorn(app, s.http.port, s.shutdown_grace_s), "http")
+            await self._start_uvicorn(self._uvicorn(self.http_app(), s.http.port, s.shutdown_grace_s), "http")
         if s.grpc.enabled:
             self._grpc = build_grpc_server(self.dataplane, s.grpc.max_message_bytes)
             self._grpc.add_insecure_port(f"{s.host}:{s.grpc.port}")

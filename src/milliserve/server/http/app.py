@@ -131,6 +131,7 @@ class HttpApp:
         name, version, tail = self._model_ref(rest)
         if tail != ["infer"]:
             raise NotFoundError(f"no route for POST {scope['path']}")
+        self.dp.model_ready(name, version)  # an unknown model is a 404 whatever the body says
         header_len: int | None = None
         for k, v in scope["headers"]:
             if k == _HEADER_LEN:

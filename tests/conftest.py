@@ -1,0 +1,79 @@
+"""Shared fixtures: tiny ONNX models written on the fly, and the example repository."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from milliserve.examples.build import build_examples
+
+ModelWriter = Callable[..., Path]
+
+
+def _save(model_dir: Path, version: int, graph: onnx.GraphProto, config: str | None, config_name: str) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    vdir = model_dir / str(version)
+    vdir.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(vdir / "model.onnx"))
+    if config is not None:
+        (model_dir / config_name).write_text(config)
+    return model_dir
+
+
+@pytest.fixture
+def write_add_sub() -> ModelWriter:
+    """``add_sub``: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (FP32, [batch, n]).
+
+    ``scale`` multiplies OUTPUT0, so two versions can be told apart.
+    """
+
+    def write(repo: Path, name: str = "add_sub", version: int = 1, config: str | None = None,
+              config_name: str = "config.pbtxt", scale: float = 1.0, dims: Any = ("batch", "n")) -> Path:
+        scale_init = helper.make_tensor("scale", TensorProto.FLOAT, [], [scale])
+        nodes = [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["sum"]),
+            helper.make_node("Mul", ["sum", "scale"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ]
+        io = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, list(dims))  # noqa: E731
+        graph = helper.make_graph(nodes, name, [io("INPUT0"), io("INPUT1")], [io("OUTPUT0"), io("OUTPUT1")],
+                                  [scale_init])
+        return _save(repo / name, version, graph, config, config_name)
+
+    return write
+
+
+@pytest.fixture
+def write_identity_bytes() -> ModelWriter:
+    """``strings``: a BYTES identity model ([batch, 1] in and out)."""
+
+    def write(repo: Path, name: str = "strings") -> Path:
+        graph = helper.make_graph(
+            [helper.make_node("Identity", ["TEXT"], ["ECHO"])], name,
+            [helper.make_tensor_value_info("TEXT", TensorProto.STRING, ["batch", 1])],
+            [helper.make_tensor_value_info("ECHO", TensorProto.STRING, ["batch", 1])],
+        )
+        return _save(repo / name, 1, graph, None, "config.pbtxt")
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def example_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example repository (fraud_mlp and minilm), built once per session."""
+    repo = tmp_path_factory.mktemp("examples")
+    build_examples(repo)
+    return repo
+
+
+@pytest.fixture
+def run() -> Callable[[Coroutine[Any, Any, Any]], Any]:
+    """Run a coroutine to completion in a fresh event loop."""
+    return asyncio.run

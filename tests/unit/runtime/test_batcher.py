@@ -1,0 +1,278 @@
+"""The dynamic batcher on its own: a runner that records the batches it gets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from milliserve.errors import InvalidInputError, QueueFullError, QueueTimeoutError, ServerShuttingDownError
+from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
+
+
+class Recorder:
+    """A runner that sleeps ``work_s`` per batch and answers each request with its own input."""
+
+    def __init__(self, work_s: float = 0.0) -> None:
+        self.work_s = work_s
+        self.batches: list[list[int]] = []
+        self.instances_busy = 0
+        self.max_parallel = 0
+
+    async def __call__(self, batch: list[QueuedRequest], index: int) -> None:
+        self.batches.append([int(it.inputs["x"].reshape(-1)[0]) for it in batch])
+        self.instances_busy += 1
+        self.max_parallel = max(self.max_parallel, self.instances_busy)
+        try:
+            if self.work_s:
+                await asyncio.sleep(self.work_s)
+        finally:
+            self.instances_busy -= 1
+        for it in batch:
+            if not it.future.done():
+                it.future.set_result({"y": it.inputs["x"]})
+
+
+def item(value: int, batch: int = 1, width: int = 4, priority: int = 0) -> QueuedRequest:
+    x = np.full((batch, width), value, dtype=np.float32)
+    fut = asyncio.get_running_loop().create_future()
+    return QueuedRequest({"x": x}, batch, (("x", (width,)),), fut, priority)
+
+
+def policy(**kw: Any) -> BatchPolicy:
+    base: dict[str, Any] = {"label": "m", "merge": True, "max_batch_size": 8}
+    base.update(kw)
+    return BatchPolicy(**base)
+
+
+async def started(p: BatchPolicy, runner: Recorder, instances: int = 1) -> Batcher:
+    b = Batcher(p, runner, instances)
+    await b.start()
+    return b
+
+
+def test_lone_request_does_not_wait_for_the_queue_delay(run: Any) -> None:
+    async def main() -> float:
+        rec = Recorder()
+        b = await started(policy(preferred_batch_sizes=(8,), max_queue_delay_s=0.5), rec)
+        t0 = time.perf_counter()
+        it = item(1)
+        b.submit(it, None)
+        await it.future
+        took = time.perf_counter() - t0
+        await b.close()
+        return took
+
+    # a 500 ms window exists, but nothing else is arriving: dispatch at once
+    assert run(main()) < 0.05
+
+
+def test_requests_arriving_while_busy_form_the_next_batch(run: Any) -> None:
+    async def main() -> list[list[int]]:
+        rec = Recorder(work_s=0.05)
+        b = await started(policy(), rec)
+        first = item(0)
+        b.submit(first, None)
+        await asyncio.sleep(0.01)  # the instance is now busy with request 0
+        rest = [item(i) for i in range(1, 6)]
+        for it in rest:
+            b.submit(it, None)
+        await asyncio.gather(first.future, *(it.future for it in rest))
+        await b.close()
+        return rec.batches
+
+    assert run(main()) == [[0], [1, 2, 3, 4, 5]]
+
+
+def test_batches_respect_max_batch_size_counting_batch_dims(run: Any) -> None:
+    async def main() -> list[list[int]]:
+        rec = Recorder(work_s=0.02)
+        b = await started(policy(max_batch_size=4), rec)
+        blocker = item(99)
+        b.submit(blocker, None)
+        await asyncio.sleep(0.005)
+        items = [item(1, batch=3), item(2, batch=2), item(3, batch=1), item(4, batch=1)]
+        for it in items:
+            b.submit(it, None)
+        await asyncio.gather(blocker.future, *(it.future for it in items))
+        await b.close()
+        return rec.batches
+
+    # 3 + 2 > 4, so request 2 starts the next batch; FIFO order is kept
+    assert run(main()) == [[99], [1], [2, 3, 4]]
+
+
+def test_different_non_batch_shapes_are_never_merged(run: Any) -> None:
+    async def main() -> list[list[int]]:
+        rec = Recorder(work_s=0.02)
+        b = await started(policy(), rec)
+        blocker = item(0)
+        b.submit(blocker, None)
+        await asyncio.sleep(0.005)
+        items = [item(1, width=4), item(2, width=5), item(3, width=4), item(4, width=5)]
+        for it in items:
+            b.submit(it, None)
+        await asyncio.gather(blocker.future, *(it.future for it in items))
+        await b.close()
+        return rec.batches
+
+    assert run(main()) == [[0], [1, 3], [2, 4]]
+
+
+def test_full_queue_rejects_at_once(run: Any) -> None:
+    async def main() -> None:
+        rec = Recorder(work_s=0.05)
+        b = await started(policy(max_queue_size=2), rec)
+        running = item(0)
+        b.submit(running, None)
+        await asyncio.sleep(0.01)
+        queued = [item(1), item(2)]
+        for it in queued:
+            b.submit(it, None)
+        with pytest.raises(QueueFullError, match="max_queue_size 2"):
+            b.submit(item(3), None)
+        await asyncio.gather(running.future, *(it.future for it in queued))
+        await b.close()
+
+    run(main())
+
+
+def test_request_that_expires_in_the_queue_is_dropped_with_a_clear_error(run: Any) -> None:
+    async def main() -> list[list[int]]:
+        rec = Recorder(work_s=0.1)
+        b = await started(policy(), rec)
+        running = item(0)
+        b.submit(running, None)
+        await asyncio.sleep(0.01)
+        late = item(1)
+        b.submit(late, timeout_s=0.02)
+        ok = item(2)
+        b.submit(ok, None)
+        with pytest.raises(QueueTimeoutError, match="timed out"):
+            await late.future
+        await asyncio.gather(running.future, ok.future)
+        await b.close()
+        return rec.batches
+
+    # the expired request never reached the runner
+    assert run(main()) == [[0], [2]]
+
+
+def test_delay_action_lets_fresh_requests_go_first(run: Any) -> None:
+    async def main() -> list[list[int]]:
+        rec = Recorder(work_s=0.05)
+        b = await started(policy(merge=False, delay_on_timeout=True), rec)
+        running = item(0)
+        b.submit(running, None)
+        await asyncio.sleep(0.005)
+        expiring = item(1)
+        b.submit(expiring, timeout_s=0.01)
+        fresh = item(2)
+        b.submit(fresh, None)
+        await asyncio.gather(running.future, expiring.future, fresh.future)
+        await b.close()
+        return rec.batches
+
+    assert run(main()) == [[0], [2], [1]]
+
+
+def test_higher_priority_is_served_first(run: Any) -> None:
+    async def main() -> list[list[int]]:
+        rec = Recorder(work_s=0.03)
+        p = policy(merge=False, priority_levels=2, default_priority_level=2)
+        b = await started(p, rec)
+        running = item(0)
+        b.submit(running, None)
+        await asyncio.sleep(0.005)
+        low = item(1, priority=p.priority_index(2))
+        high = item(2, priority=p.priority_index(1))
+        b.submit(low, None)
+        b.submit(high, None)
+        await asyncio.gather(running.future, low.future, high.future)
+        await b.close()
+        return rec.batches
+
+    assert run(main()) == [[0], [2], [1]]
+
+
+def test_priority_and_timeout_parameters_are_validated() -> None:
+    p = policy(priority_levels=2, default_priority_level=1, default_timeout_us=1000)
+    assert p.priority_index(0) == 0
+    assert p.priority_index(2) == 1
+    with pytest.raises(InvalidInputError, match=r"1\.\.2"):
+        p.priority_index(3)
+    assert p.timeout_s(None) == pytest.approx(0.001)
+    assert p.timeout_s(500) == pytest.approx(0.0005)  # shorter than the default is always allowed
+    assert p.timeout_s(5000) == pytest.approx(0.001)  # longer needs allow_timeout_override
+    with pytest.raises(InvalidInputError, match="timeout"):
+        p.timeout_s(-1)
+
+
+def test_instances_run_batches_in_parallel(run: Any) -> None:
+    async def main() -> int:
+        rec = Recorder(work_s=0.05)
+        b = await started(policy(merge=False), rec, instances=3)
+        items = [item(i) for i in range(6)]
+        for it in items:
+            b.submit(it, None)
+        await asyncio.gather(*(it.future for it in items))
+        await b.close()
+        return rec.max_parallel
+
+    assert run(main()) == 3
+
+
+def test_queue_delay_grows_a_batch_under_steady_arrivals(run: Any) -> None:
+    async def main() -> list[list[int]]:
+        rec = Recorder(work_s=0.0)
+        b = await started(policy(preferred_batch_sizes=(4,), max_queue_delay_s=0.2), rec)
+        futures = []
+        for i in range(12):  # arrivals every 5 ms establish the rate
+            it = item(i)
+            b.submit(it, None)
+            futures.append(it.future)
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*futures)
+        await b.close()
+        return rec.batches
+
+    batches = run(main())
+    # the first request leaves alone (no arrival rate yet); later ones are grouped toward 4
+    assert batches[0] == [0]
+    assert max(len(bt) for bt in batches) == 4
+
+
+def test_close_drains_queued_requests_and_then_refuses(run: Any) -> None:
+    async def main() -> None:
+        rec = Recorder(work_s=0.02)
+        b = await started(policy(merge=False), rec)
+        items = [item(i) for i in range(3)]
+        for it in items:
+            b.submit(it, None)
+        await b.close(drain=True)
+        assert all(it.future.done() and not it.future.exception() for it in items)
+        with pytest.raises(ServerShuttingDownError):
+            b.submit(item(9), None)
+
+    run(main())
+
+
+def test_cancelled_request_is_skipped(run: Any) -> None:
+    async def main() -> list[list[int]]:
+        rec = Recorder(work_s=0.03)
+        b = await started(policy(), rec)
+        running = item(0)
+        b.submit(running, None)
+        await asyncio.sleep(0.005)
+        gone, kept = item(1), item(2)
+        b.submit(gone, None)
+        b.submit(kept, None)
+        gone.future.cancel()
+        await asyncio.gather(running.future, kept.future)
+        await b.close()
+        return rec.batches
+
+    assert run(main()) == [[0], [2]]
