@@ -7,6 +7,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -61,6 +62,26 @@ def write_identity_bytes() -> ModelWriter:
             [helper.make_tensor_value_info("ECHO", TensorProto.STRING, ["batch", 1])],
         )
         return _save(repo / name, 1, graph, None, "config.pbtxt")
+
+    return write
+
+
+@pytest.fixture
+def write_slow() -> ModelWriter:
+    """``slow``: ``steps`` chained 256x256 matmuls over X [batch, 256, 256]; each request takes
+    a few tens of milliseconds on one thread, enough to fill a queue or be in flight at SIGTERM."""
+
+    def write(repo: Path, name: str = "slow", steps: int = 200, config: str | None = None) -> Path:
+        w = helper.make_tensor("W", TensorProto.FLOAT, [256, 256],
+                               (np.eye(256, dtype=np.float32)).reshape(-1).tolist())
+        nodes, prev = [], "X"
+        for i in range(steps):
+            out = "Y" if i == steps - 1 else f"h{i}"
+            nodes.append(helper.make_node("MatMul", [prev, "W"], [out]))
+            prev = out
+        io = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 256, 256])  # noqa: E731
+        graph = helper.make_graph(nodes, name, [io("X")], [io("Y")], [w])
+        return _save(repo / name, 1, graph, config, "config.pbtxt")
 
     return write
 
