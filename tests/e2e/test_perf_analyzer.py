@@ -46,6 +46,6 @@ def test_perf_analyzer_measures_milliserve(server: ServerProcess, tmp_path: Path
            "-s", "100", "--max-trials", "3", "-f", str(report), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = list(csv.DictReader(report.open()))
+    rows = list(csv.DictReader(report.read_text().splitlines()))
     assert float(rows[0]["Inferences/Second"]) > 0
     assert "error" not in r.stdout.lower()
