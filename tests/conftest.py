@@ -17,7 +17,9 @@ from milliserve.examples.build import build_examples
 ModelWriter = Callable[..., Path]
 
 
-def _save(model_dir: Path, version: int, graph: onnx.GraphProto, config: str | None, config_name: str) -> Path:
+def _save(
+    model_dir: Path, version: int, graph: onnx.GraphProto, config: str | None, config_name: str
+) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     vdir = model_dir / str(version)
@@ -35,8 +37,15 @@ def write_add_sub() -> ModelWriter:
     ``scale`` multiplies OUTPUT0, so two versions can be told apart.
     """
 
-    def write(repo: Path, name: str = "add_sub", version: int = 1, config: str | None = None,
-              config_name: str = "config.pbtxt", scale: float = 1.0, dims: Any = ("batch", "n")) -> Path:
+    def write(
+        repo: Path,
+        name: str = "add_sub",
+        version: int = 1,
+        config: str | None = None,
+        config_name: str = "config.pbtxt",
+        scale: float = 1.0,
+        dims: Any = ("batch", "n"),
+    ) -> Path:
         scale_init = helper.make_tensor("scale", TensorProto.FLOAT, [], [scale])
         nodes = [
             helper.make_node("Add", ["INPUT0", "INPUT1"], ["sum"]),
@@ -44,8 +53,9 @@ def write_add_sub() -> ModelWriter:
             helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
         ]
         io = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, list(dims))  # noqa: E731
-        graph = helper.make_graph(nodes, name, [io("INPUT0"), io("INPUT1")], [io("OUTPUT0"), io("OUTPUT1")],
-                                  [scale_init])
+        graph = helper.make_graph(
+            nodes, name, [io("INPUT0"), io("INPUT1")], [io("OUTPUT0"), io("OUTPUT1")], [scale_init]
+        )
         return _save(repo / name, version, graph, config, config_name)
 
     return write
@@ -57,7 +67,8 @@ def write_identity_bytes() -> ModelWriter:
 
     def write(repo: Path, name: str = "strings") -> Path:
         graph = helper.make_graph(
-            [helper.make_node("Identity", ["TEXT"], ["ECHO"])], name,
+            [helper.make_node("Identity", ["TEXT"], ["ECHO"])],
+            name,
             [helper.make_tensor_value_info("TEXT", TensorProto.STRING, ["batch", 1])],
             [helper.make_tensor_value_info("ECHO", TensorProto.STRING, ["batch", 1])],
         )
@@ -72,8 +83,9 @@ def write_slow() -> ModelWriter:
     a few tens of milliseconds on one thread, enough to fill a queue or be in flight at SIGTERM."""
 
     def write(repo: Path, name: str = "slow", steps: int = 200, config: str | None = None) -> Path:
-        w = helper.make_tensor("W", TensorProto.FLOAT, [256, 256],
-                               (np.eye(256, dtype=np.float32)).reshape(-1).tolist())
+        w = helper.make_tensor(
+            "W", TensorProto.FLOAT, [256, 256], (np.eye(256, dtype=np.float32)).reshape(-1).tolist()
+        )
         nodes, prev = [], "X"
         for i in range(steps):
             out = "Y" if i == steps - 1 else f"h{i}"

@@ -22,6 +22,11 @@ def test_readme_gives_the_two_commands_and_ci_runs_the_test_one() -> None:
 def test_main_job_runs_end_to_end(tmp_path: Path) -> None:
     lines: list[str] = []
     summaries = run_demo(tmp_path / "repo", requests=20, log=lines.append)
-    assert [s.name for s in summaries] == ["fraud_mlp http binary", "fraud_mlp http json", "fraud_mlp grpc", "minilm grpc"]
+    assert [s.name for s in summaries] == [
+        "fraud_mlp http binary",
+        "fraud_mlp http json",
+        "fraud_mlp grpc",
+        "minilm grpc",
+    ]
     assert all(s.p50_ms > 0 and s.p99_ms >= s.p50_ms and s.throughput > 0 for s in summaries)
     assert any("cosine" in line for line in lines)

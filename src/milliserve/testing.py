@@ -15,6 +15,7 @@ import urllib.request
 from contextlib import closing
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 from milliserve.config.settings import GrpcSettings, HttpSettings, MetricsSettings, Settings
 from milliserve.server.app import Server
@@ -36,8 +37,13 @@ class ServerProcess:
     sends SIGTERM to the PID and waits for a clean exit.
     """
 
-    def __init__(self, repository: Path, *extra_args: str, ready_timeout_s: float = 60.0,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        *extra_args: str,
+        ready_timeout_s: float = 60.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.repository = repository
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.extra_args = extra_args
@@ -60,9 +66,18 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         cmd = [
-            sys.executable, "-m", "milliserve", "serve", str(self.repository),
-            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-            "--metrics-port", str(self.metrics_port), *self.extra_args,
+            sys.executable,
+            "-m",
+            "milliserve",
+            "serve",
+            str(self.repository),
+            "--http-port",
+            str(self.http_port),
+            "--grpc-port",
+            str(self.grpc_port),
+            "--metrics-port",
+            str(self.metrics_port),
+            *self.extra_args,
         ]
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"milliserve-{self.http_port}.log"
         with self.log_path.open("wb") as log:
@@ -101,7 +116,9 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
@@ -112,14 +129,19 @@ class InProcessServer:
     ``httpx.ASGITransport`` for fast in-process HTTP tests.
     """
 
-    def __init__(self, repository: Path, model_control_mode: str = "none", listen: bool = True,
-                 max_request_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        model_control_mode: Literal["none", "explicit"] = "none",
+        listen: bool = True,
+        max_request_bytes: int = 1 << 20,
+    ) -> None:
         self.settings = Settings(
             model_repository=repository,
             http=HttpSettings(port=free_port(), enabled=listen, max_request_bytes=max_request_bytes),
             grpc=GrpcSettings(port=free_port(), enabled=listen),
             metrics=MetricsSettings(port=free_port(), enabled=listen),
-            model_control_mode=model_control_mode,  # type: ignore[arg-type]
+            model_control_mode=model_control_mode,
             shutdown_grace_s=5,
         )
         self.server = Server(self.settings)
@@ -132,5 +154,7 @@ class InProcessServer:
         await self.server.start()
         return self.server
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await asyncio.shield(self.server.stop())

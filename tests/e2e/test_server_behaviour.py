@@ -30,8 +30,16 @@ parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 
 
 def slow_body(batch: int = 1) -> dict:
-    return {"inputs": [{"name": "X", "shape": [batch, 256, 256], "datatype": "FP32",
-                        "data": np.ones((batch, 256, 256), np.float32).reshape(-1).tolist()}]}
+    return {
+        "inputs": [
+            {
+                "name": "X",
+                "shape": [batch, 256, 256],
+                "datatype": "FP32",
+                "data": np.ones((batch, 256, 256), np.float32).reshape(-1).tolist(),
+            }
+        ]
+    }
 
 
 def test_repository_api_over_http_and_grpc(example_repo: Path) -> None:
@@ -59,7 +67,9 @@ def test_repository_api_over_http_and_grpc(example_repo: Path) -> None:
         g.close()
 
 
-def test_full_queue_answers_503_and_unavailable_at_once(tmp_path: Path, write_slow: Callable[..., Path]) -> None:
+def test_full_queue_answers_503_and_unavailable_at_once(
+    tmp_path: Path, write_slow: Callable[..., Path]
+) -> None:
     write_slow(tmp_path, config=SLOW_QUEUE)
     with ServerProcess(tmp_path) as srv:
         url = f"http://{srv.http_url}/v2/models/slow/infer"
@@ -103,7 +113,9 @@ def test_request_timeout_expires_in_the_queue(tmp_path: Path, write_slow: Callab
         assert r.status_code == 504 and "timed out" in r.json()["error"]
 
 
-def test_sigterm_finishes_requests_in_flight_then_exits(tmp_path: Path, write_slow: Callable[..., Path]) -> None:
+def test_sigterm_finishes_requests_in_flight_then_exits(
+    tmp_path: Path, write_slow: Callable[..., Path]
+) -> None:
     write_slow(tmp_path, config=SLOW_QUEUE.replace("max_queue_size: 2", "max_queue_size: 16"))
     srv = ServerProcess(tmp_path).start()
     url = f"http://{srv.http_url}/v2/models/slow/infer"
@@ -129,22 +141,41 @@ def test_metrics_endpoint_reports_batching_and_durations(server: ServerProcess) 
             r.get_result()
     text = httpx.get(server.metrics_url).text
     labels = '{model="fraud_mlp",version="1"}'
-    for name in ("milliserve_inference_request_success_total", "milliserve_inference_count_total",
-                 "milliserve_inference_exec_count_total", "milliserve_queue_duration_seconds_bucket",
-                 "milliserve_compute_infer_duration_seconds_count", "milliserve_compute_input_duration_seconds_count",
-                 "milliserve_compute_output_duration_seconds_count", "milliserve_batch_size_bucket",
-                 "milliserve_pending_request_count", "milliserve_model_load_duration_seconds",
-                 "milliserve_model_first_request_duration_seconds"):
+    for name in (
+        "milliserve_inference_request_success_total",
+        "milliserve_inference_count_total",
+        "milliserve_inference_exec_count_total",
+        "milliserve_queue_duration_seconds_bucket",
+        "milliserve_compute_infer_duration_seconds_count",
+        "milliserve_compute_input_duration_seconds_count",
+        "milliserve_compute_output_duration_seconds_count",
+        "milliserve_batch_size_bucket",
+        "milliserve_pending_request_count",
+        "milliserve_model_load_duration_seconds",
+        "milliserve_model_first_request_duration_seconds",
+    ):
         assert name in text, name
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-              if line.startswith("milliserve_") and labels in line and "_bucket" not in line}
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("milliserve_") and labels in line and "_bucket" not in line
+    }
     assert values[f"milliserve_inference_count_total{labels}"] >= 64
-    assert values[f"milliserve_inference_exec_count_total{labels}"] <= values[f"milliserve_inference_count_total{labels}"]
+    assert (
+        values[f"milliserve_inference_exec_count_total{labels}"]
+        <= values[f"milliserve_inference_count_total{labels}"]
+    )
 
 
 def test_bad_command_line_fails_clearly(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "milliserve", "serve", str(tmp_path / "missing")],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "milliserve", "serve", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 1 and "is not a directory" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "milliserve", "serve"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "milliserve", "serve"], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 2 and "MODEL_REPOSITORY" in r.stderr

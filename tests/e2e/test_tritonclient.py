@@ -32,8 +32,12 @@ def test_http_infer_matches_onnxruntime(server: ServerProcess, example_repo: Pat
         out = httpclient.InferRequestedOutput("probabilities", binary_data=binary)
         got = c.infer("fraud_mlp", [inp], outputs=[out], request_id="abc")
         assert got.get_response()["id"] == "abc"
-        np.testing.assert_allclose(got.as_numpy("probabilities"), reference(example_repo, "fraud_mlp", {"features": x})[0],
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            got.as_numpy("probabilities"),
+            reference(example_repo, "fraud_mlp", {"features": x})[0],
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 def test_grpc_infer_matches_onnxruntime(server: ServerProcess, example_repo: Path) -> None:
@@ -42,8 +46,12 @@ def test_grpc_infer_matches_onnxruntime(server: ServerProcess, example_repo: Pat
     inp = grpcclient.InferInput("features", [3, 64], "FP32")
     inp.set_data_from_numpy(x)
     got = c.infer("fraud_mlp", [inp], model_version="1")
-    np.testing.assert_allclose(got.as_numpy("probabilities"), reference(example_repo, "fraud_mlp", {"features": x})[0],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        got.as_numpy("probabilities"),
+        reference(example_repo, "fraud_mlp", {"features": x})[0],
+        rtol=1e-5,
+        atol=1e-6,
+    )
     c.close()
 
 
@@ -71,8 +79,10 @@ def test_minilm_embeds_tokenized_text(server: ServerProcess, example_repo: Path)
     ids = np.asarray([e.ids for e in encs], np.int64)
     mask = np.asarray([e.attention_mask for e in encs], np.int64)
     c = grpcclient.InferenceServerClient(server.grpc_url)
-    inputs = [grpcclient.InferInput("input_ids", list(ids.shape), "INT64"),
-              grpcclient.InferInput("attention_mask", list(ids.shape), "INT64")]
+    inputs = [
+        grpcclient.InferInput("input_ids", list(ids.shape), "INT64"),
+        grpcclient.InferInput("attention_mask", list(ids.shape), "INT64"),
+    ]
     inputs[0].set_data_from_numpy(ids)
     inputs[1].set_data_from_numpy(mask)
     emb = c.infer("minilm", inputs).as_numpy("embedding")
@@ -86,7 +96,11 @@ def test_metadata_config_and_statistics_through_both_clients(server: ServerProce
     with httpclient.InferenceServerClient(server.http_url) as h:
         assert h.is_server_live() and h.is_server_ready() and h.is_model_ready("fraud_mlp")
         assert h.get_server_metadata()["name"] == "milliserve"
-        assert h.get_model_metadata("minilm")["outputs"][0] == {"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}
+        assert h.get_model_metadata("minilm")["outputs"][0] == {
+            "name": "embedding",
+            "datatype": "FP32",
+            "shape": [-1, 384],
+        }
         cfg = h.get_model_config("fraud_mlp")
         assert cfg["max_batch_size"] == 64 and cfg["dynamic_batching"]["preferred_batch_size"] == [8, 16]
         assert "model_stats" in h.get_inference_statistics("fraud_mlp")
@@ -108,7 +122,9 @@ def test_bad_requests_get_the_right_status_through_the_clients(server: ServerPro
         with pytest.raises(InferenceServerException) as err:
             h.infer("fraud_mlp", [inp])
         assert err.value.status() == "400"
-        assert "input 'features' has shape [1, 63] but model 'fraud_mlp' expects [-1, 64]" in err.value.message()
+        assert (
+            "input 'features' has shape [1, 63] but model 'fraud_mlp' expects [-1, 64]" in err.value.message()
+        )
         with pytest.raises(InferenceServerException) as err:
             h.infer("fraud_mlp", [inp], model_version="9")
         assert err.value.status() == "404"

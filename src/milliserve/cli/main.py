@@ -70,8 +70,14 @@ def _demo(args: argparse.Namespace) -> int:
     for col in ("path", "requests", "p50 ms", "p95 ms", "p99 ms", "req/s"):
         table.add_column(col, justify="right" if col != "path" else "left")
     for s in summaries:
-        table.add_row(s.name, str(s.requests), f"{s.p50_ms:.3f}", f"{s.p95_ms:.3f}", f"{s.p99_ms:.3f}",
-                      f"{s.throughput:.0f}")
+        table.add_row(
+            s.name,
+            str(s.requests),
+            f"{s.p50_ms:.3f}",
+            f"{s.p95_ms:.3f}",
+            f"{s.p99_ms:.3f}",
+            f"{s.throughput:.0f}",
+        )
     console.print(table)
     return 0
 
@@ -87,10 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc-port", type=int, default=None, help="default 8001")
     s.add_argument("--metrics-port", type=int, default=None, help="default 8002")
     s.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; 0.0.0.0 for all)")
-    s.add_argument("--model-control-mode", choices=("none", "explicit"), default="none",
-                   help="explicit enables the repository load/unload API (default none)")
-    s.add_argument("--load-model", action="append", metavar="NAME",
-                   help="in explicit mode, load NAME at start ('*' for all); repeatable")
+    s.add_argument(
+        "--model-control-mode",
+        choices=("none", "explicit"),
+        default="none",
+        help="explicit enables the repository load/unload API (default none)",
+    )
+    s.add_argument(
+        "--load-model",
+        action="append",
+        metavar="NAME",
+        help="in explicit mode, load NAME at start ('*' for all); repeatable",
+    )
     s.add_argument("--max-request-bytes", type=int, default=None, help="request body limit (default 32 MiB)")
     s.add_argument("--log-level", default=None)
     s.set_defaults(func=_serve)

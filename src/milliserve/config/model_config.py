@@ -305,14 +305,11 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
         "name": cfg.name,
         "platform": cfg.platform or "onnxruntime_onnx",
         "backend": cfg.backend or "onnxruntime",
-        "version_policy": cfg.version_policy.model_dump(exclude_none=True)
-        or {"latest": {"num_versions": 1}},
+        "version_policy": cfg.version_policy.model_dump(exclude_none=True) or {"latest": {"num_versions": 1}},
         "max_batch_size": cfg.max_batch_size,
         "input": [tensor(t) for t in cfg.input],
         "output": [tensor(t) for t in cfg.output],
-        "instance_group": [
-            g.model_dump() for g in (cfg.instance_group or (InstanceGroup(),))
-        ],
+        "instance_group": [g.model_dump() for g in (cfg.instance_group or (InstanceGroup(),))],
         "parameters": {k: {"string_value": v} for k, v in cfg.parameters.items()},
     }
     if cfg.dynamic_batching is not None:

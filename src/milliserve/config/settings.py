@@ -42,7 +42,9 @@ class Settings(BaseSettings):
     """Everything a server needs. Defaults are safe: loopback only, repository API off."""
 
     model_config = SettingsConfigDict(
-        env_prefix="MILLISERVE_", env_nested_delimiter="__", extra="forbid",
+        env_prefix="MILLISERVE_",
+        env_nested_delimiter="__",
+        extra="forbid",
         protected_namespaces=(),
     )
 

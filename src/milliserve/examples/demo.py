@@ -101,8 +101,10 @@ def run_demo(repo: Path, requests: int = 300, log: Any = print) -> list[LatencyS
         def embed(i: int) -> Any:
             ids = np.asarray([encs[i % len(encs)].ids], dtype=np.int64)
             mask = np.ones_like(ids)
-            inputs = [grpcclient.InferInput("input_ids", list(ids.shape), "INT64"),
-                      grpcclient.InferInput("attention_mask", list(ids.shape), "INT64")]
+            inputs = [
+                grpcclient.InferInput("input_ids", list(ids.shape), "INT64"),
+                grpcclient.InferInput("attention_mask", list(ids.shape), "INT64"),
+            ]
             inputs[0].set_data_from_numpy(ids)
             inputs[1].set_data_from_numpy(mask)
             return grpc.infer("minilm", inputs).as_numpy("embedding")

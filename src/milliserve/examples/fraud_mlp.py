@@ -7,6 +7,7 @@ with a Triton ``config.pbtxt`` that turns dynamic batching on.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,11 +56,13 @@ def synthetic_transactions(n: int, seed: int = 0) -> tuple[np.ndarray[Any, Any],
     return x, y
 
 
-def _train(x: np.ndarray[Any, Any], y: np.ndarray[Any, Any], epochs: int, seed: int) -> list[np.ndarray[Any, Any]]:
+def _train(
+    x: np.ndarray[Any, Any], y: np.ndarray[Any, Any], epochs: int, seed: int
+) -> list[np.ndarray[Any, Any]]:
     rng = np.random.default_rng(seed)
     sizes = [FEATURES, HIDDEN, HIDDEN, 2]
     params: list[np.ndarray[Any, Any]] = []
-    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+    for a, b in itertools.pairwise(sizes):
         params.append((rng.normal(size=(a, b)) * np.sqrt(2.0 / a)).astype(np.float32))
         params.append(np.zeros(b, dtype=np.float32))
     m = [np.zeros_like(p) for p in params]

@@ -88,9 +88,15 @@ class _Graph:
         bias = self.const(f"{name}.bias", b)
         return self.op("Add", [self.op("MatMul", [x, wt]), bias])
 
-    def layer_norm(self, x: str, w: np.ndarray[Any, Any], b: np.ndarray[Any, Any], name: str, eps: float) -> str:
-        return self.op("LayerNormalization", [x, self.const(f"{name}.w", w), self.const(f"{name}.b", b)],
-                       axis=-1, epsilon=eps)
+    def layer_norm(
+        self, x: str, w: np.ndarray[Any, Any], b: np.ndarray[Any, Any], name: str, eps: float
+    ) -> str:
+        return self.op(
+            "LayerNormalization",
+            [x, self.const(f"{name}.w", w), self.const(f"{name}.b", b)],
+            axis=-1,
+            epsilon=eps,
+        )
 
 
 def _encoder(weights: dict[str, np.ndarray[Any, Any]], cfg: dict[str, Any]) -> onnx.ModelProto:
@@ -103,18 +109,33 @@ def _encoder(weights: dict[str, np.ndarray[Any, Any]], cfg: dict[str, Any]) -> o
 
     # embeddings: word + position + token type 0, then LayerNorm
     seq_len = g.op("Gather", [g.op("Shape", ["input_ids"]), g.const("one_idx", np.array(1, np.int64))])
-    positions = g.op("Range", [g.const("zero_i64", np.array(0, np.int64)), seq_len, g.const("one_i64", np.array(1, np.int64))])
+    positions = g.op(
+        "Range",
+        [g.const("zero_i64", np.array(0, np.int64)), seq_len, g.const("one_i64", np.array(1, np.int64))],
+    )
     words = g.op("Gather", [g.const("word_embeddings", w["embeddings.word_embeddings.weight"]), "input_ids"])
-    pos = g.op("Gather", [g.const("position_embeddings", w["embeddings.position_embeddings.weight"]), positions])
+    pos = g.op(
+        "Gather", [g.const("position_embeddings", w["embeddings.position_embeddings.weight"]), positions]
+    )
     tok = g.const("token_type_0", w["embeddings.token_type_embeddings.weight"][0])
-    h = g.layer_norm(g.op("Add", [g.op("Add", [words, pos]), tok]),
-                     w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], "emb_ln", eps)
+    h = g.layer_norm(
+        g.op("Add", [g.op("Add", [words, pos]), tok]),
+        w["embeddings.LayerNorm.weight"],
+        w["embeddings.LayerNorm.bias"],
+        "emb_ln",
+        eps,
+    )
 
     # additive attention mask [batch, 1, 1, seq]: 0 where attended, -10000 where padded
     maskf = g.op("Cast", ["attention_mask"], to=TensorProto.FLOAT)
     inv = g.op("Sub", [g.const("one_f", np.array(1.0, np.float32)), maskf])
-    bias = g.op("Unsqueeze", [g.op("Mul", [inv, g.const("neg_big", np.array(-10000.0, np.float32))]),
-                              g.const("axes_12", np.array([1, 2], np.int64))])
+    bias = g.op(
+        "Unsqueeze",
+        [
+            g.op("Mul", [inv, g.const("neg_big", np.array(-10000.0, np.float32))]),
+            g.const("axes_12", np.array([1, 2], np.int64)),
+        ],
+    )
     split_heads = g.const("split_heads", np.array([0, 0, heads, head_dim], np.int64))
     merge_heads = g.const("merge_heads", np.array([0, 0, hidden], np.int64))
     scale = g.const("scale", np.array(1.0 / math.sqrt(head_dim), np.float32))
@@ -128,35 +149,64 @@ def _encoder(weights: dict[str, np.ndarray[Any, Any]], cfg: dict[str, Any]) -> o
         def proj(part: str, x: str, p: str = p) -> str:
             return g.linear(x, w[p + part + ".weight"], w[p + part + ".bias"], p + part)
 
-        q = g.op("Transpose", [g.op("Reshape", [proj("attention.self.query", h), split_heads])], perm=[0, 2, 1, 3])
-        k = g.op("Transpose", [g.op("Reshape", [proj("attention.self.key", h), split_heads])], perm=[0, 2, 3, 1])
-        v = g.op("Transpose", [g.op("Reshape", [proj("attention.self.value", h), split_heads])], perm=[0, 2, 1, 3])
+        q = g.op(
+            "Transpose", [g.op("Reshape", [proj("attention.self.query", h), split_heads])], perm=[0, 2, 1, 3]
+        )
+        k = g.op(
+            "Transpose", [g.op("Reshape", [proj("attention.self.key", h), split_heads])], perm=[0, 2, 3, 1]
+        )
+        v = g.op(
+            "Transpose", [g.op("Reshape", [proj("attention.self.value", h), split_heads])], perm=[0, 2, 1, 3]
+        )
         scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [q, k]), scale]), bias])
         ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
         ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), merge_heads])
         attn = proj("attention.output.dense", ctx)
-        h1 = g.layer_norm(g.op("Add", [attn, h]), w[p + "attention.output.LayerNorm.weight"],
-                          w[p + "attention.output.LayerNorm.bias"], p + "attn_ln", eps)
+        h1 = g.layer_norm(
+            g.op("Add", [attn, h]),
+            w[p + "attention.output.LayerNorm.weight"],
+            w[p + "attention.output.LayerNorm.bias"],
+            p + "attn_ln",
+            eps,
+        )
         inter = proj("intermediate.dense", h1)
         # exact GELU: 0.5 * x * (1 + erf(x / sqrt(2)))
-        gelu = g.op("Mul", [g.op("Mul", [inter, g.op("Add", [g.op("Erf", [g.op("Div", [inter, sqrt2])]), one])]), half])
+        gelu = g.op(
+            "Mul",
+            [g.op("Mul", [inter, g.op("Add", [g.op("Erf", [g.op("Div", [inter, sqrt2])]), one])]), half],
+        )
         out = proj("output.dense", gelu)
-        h = g.layer_norm(g.op("Add", [out, h1]), w[p + "output.LayerNorm.weight"],
-                         w[p + "output.LayerNorm.bias"], p + "out_ln", eps)
+        h = g.layer_norm(
+            g.op("Add", [out, h1]),
+            w[p + "output.LayerNorm.weight"],
+            w[p + "output.LayerNorm.bias"],
+            p + "out_ln",
+            eps,
+        )
 
     # mean pooling over attended tokens, then L2 normalisation
     m3 = g.op("Unsqueeze", [maskf, g.const("axis_2", np.array([2], np.int64))])
     summed = g.op("ReduceSum", [g.op("Mul", [h, m3]), g.const("axis_1", np.array([1], np.int64))], keepdims=0)
-    count = g.op("Max", [g.op("ReduceSum", [m3, "axis_1"], keepdims=0), g.const("tiny", np.array(1e-9, np.float32))])
+    count = g.op(
+        "Max", [g.op("ReduceSum", [m3, "axis_1"], keepdims=0), g.const("tiny", np.array(1e-9, np.float32))]
+    )
     pooled = g.op("Div", [summed, count])
-    norm = g.op("Max", [g.op("ReduceL2", [pooled], axes=[-1], keepdims=1),
-                        g.const("tiny_norm", np.array(1e-12, np.float32))])
+    norm = g.op(
+        "Max",
+        [
+            g.op("ReduceL2", [pooled], axes=[-1], keepdims=1),
+            g.const("tiny_norm", np.array(1e-12, np.float32)),
+        ],
+    )
     g.nodes.append(helper.make_node("Div", [pooled, norm], ["embedding"], name="embedding"))
 
     graph = helper.make_graph(
-        g.nodes, "minilm",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
+        g.nodes,
+        "minilm",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", hidden])],
         g.inits,
     )

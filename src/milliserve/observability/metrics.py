@@ -15,8 +15,23 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 __all__ = ["LATENCY_BUCKETS", "Metrics", "ModelMetrics"]
 
 LATENCY_BUCKETS = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-    0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _MV = ("model", "version")
@@ -56,12 +71,18 @@ class Metrics:
         def hist(name: str, doc: str) -> Histogram:
             return Histogram(p + name, doc, _MV, buckets=LATENCY_BUCKETS, registry=registry)
 
-        self._success = Counter(p + "inference_request_success", "Successful requests", _MV, registry=registry)
+        self._success = Counter(
+            p + "inference_request_success", "Successful requests", _MV, registry=registry
+        )
         self._failure = Counter(
             p + "inference_request_failure", "Failed requests by reason", (*_MV, "reason"), registry=registry
         )
-        self._count = Counter(p + "inference_count", "Inferences performed (batch items)", _MV, registry=registry)
-        self._exec = Counter(p + "inference_exec_count", "Backend executions (batches)", _MV, registry=registry)
+        self._count = Counter(
+            p + "inference_count", "Inferences performed (batch items)", _MV, registry=registry
+        )
+        self._exec = Counter(
+            p + "inference_exec_count", "Backend executions (batches)", _MV, registry=registry
+        )
         self._request = hist("request_duration_seconds", "End-to-end request time inside the server")
         self._queue = hist("queue_duration_seconds", "Time requests waited in the batcher queue")
         self._cin = hist("compute_input_duration_seconds", "Time to assemble batch inputs")
@@ -70,12 +91,20 @@ class Metrics:
         self._batch = Histogram(
             p + "batch_size", "Items per executed batch", _MV, buckets=BATCH_BUCKETS, registry=registry
         )
-        self._pending = Gauge(p + "pending_request_count", "Requests queued or running", _MV, registry=registry)
-        self._load = Gauge(p + "model_load_duration_seconds", "Time to load the model", _MV, registry=registry)
-        self._warmup = Gauge(p + "model_warmup_duration_seconds", "Time spent in warmup", _MV, registry=registry)
+        self._pending = Gauge(
+            p + "pending_request_count", "Requests queued or running", _MV, registry=registry
+        )
+        self._load = Gauge(
+            p + "model_load_duration_seconds", "Time to load the model", _MV, registry=registry
+        )
+        self._warmup = Gauge(
+            p + "model_warmup_duration_seconds", "Time spent in warmup", _MV, registry=registry
+        )
         self._first = Gauge(
             p + "model_first_request_duration_seconds",
-            "Latency of the first request after load (cold start)", _MV, registry=registry,
+            "Latency of the first request after load (cold start)",
+            _MV,
+            registry=registry,
         )
 
     def bind(self, model: str, version: str) -> ModelMetrics:

@@ -35,9 +35,7 @@ def decode_json_object(body: bytes | memoryview) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         raise MalformedRequestError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise MalformedRequestError(
-            f"request body must be a JSON object, got {type(doc).__name__}"
-        )
+        raise MalformedRequestError(f"request body must be a JSON object, got {type(doc).__name__}")
     return doc
 
 
@@ -70,8 +68,7 @@ def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
             raise InvalidInputError(f"input {name!r}: data is not a regular array: {exc}") from None
         if not _kind_ok(probe.dtype.kind, dtype.kind):
             raise InvalidInputError(
-                f"input {name!r}: data holds {probe.dtype.name} values, which are not "
-                f"valid {datatype}"
+                f"input {name!r}: data holds {probe.dtype.name} values, which are not valid {datatype}"
             )
         try:
             out = probe.astype(dtype, casting="unsafe").reshape(-1)
@@ -109,9 +106,7 @@ def _requested_outputs(doc: dict[str, Any]) -> list[RequestedOutput] | None:
             raise MalformedRequestError(f"each requested output needs a 'name', got {item!r}")
         params = item.get("parameters") or {}
         if "classification" in params:
-            raise InvalidInputError(
-                f"output {item['name']!r}: the classification extension is not supported"
-            )
+            raise InvalidInputError(f"output {item['name']!r}: the classification extension is not supported")
         outs.append(RequestedOutput(item["name"], params))
     return outs
 
@@ -131,8 +126,7 @@ def decode_infer_request(
     else:
         if header_length < 0 or header_length > len(body):
             raise MalformedRequestError(
-                f"Inference-Header-Content-Length is {header_length} but the body has "
-                f"{len(body)} bytes"
+                f"Inference-Header-Content-Length is {header_length} but the body has {len(body)} bytes"
             )
         view = memoryview(body)
         doc = decode_json_object(view[:header_length])
@@ -198,17 +192,14 @@ def _json_data(out: InferTensor) -> Any:
             return [x.decode() if isinstance(x, bytes) else str(x) for x in arr]
         except UnicodeDecodeError:
             raise InvalidInputError(
-                f"output {out.name!r} holds bytes that are not UTF-8; request it with "
-                "binary_data=true"
+                f"output {out.name!r} holds bytes that are not UTF-8; request it with binary_data=true"
             ) from None
     if arr.dtype.kind == "V" or arr.dtype.name == "bfloat16":
         return arr.astype(np.float32)
     return np.ascontiguousarray(arr)
 
 
-def encode_infer_response(
-    response: InferResponse, request: InferRequest
-) -> tuple[bytes, int | None]:
+def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
     """Encode a response. Returns the body and, when binary outputs were used, the
     JSON header length for ``Inference-Header-Content-Length``."""
     default_binary = bool(request.parameters.get("binary_data_output", False))

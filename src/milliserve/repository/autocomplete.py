@@ -30,7 +30,10 @@ def _from_model(specs: tuple[TensorSpec, ...], strip_batch: bool) -> tuple[Tenso
 
 
 def _check(
-    where: str, section: str, declared: tuple[TensorConfig, ...], model: tuple[TensorSpec, ...],
+    where: str,
+    section: str,
+    declared: tuple[TensorConfig, ...],
+    model: tuple[TensorSpec, ...],
     batching: bool,
 ) -> None:
     by_name = {s.name: s for s in model}

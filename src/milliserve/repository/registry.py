@@ -111,8 +111,10 @@ class ModelRegistry:
         for name in names if names is not None else self.repository.model_names():
             try:
                 await self.load(name)
-            except (ConfigError, BackendError, NotFoundError):
-                pass
+            except (ConfigError, BackendError):
+                pass  # recorded in the index and logged by load()
+            except NotFoundError as exc:
+                log.error("cannot load %r: %s", name, exc)
 
     async def unload(self, name: str) -> None:
         entry = self._entry(name)

@@ -20,9 +20,7 @@ class Repository:
         self.root = root.resolve()
 
     def model_names(self) -> list[str]:
-        return sorted(
-            p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
-        )
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
     def model_dir(self, name: str) -> Path:
         # Only names listed in the repository are accepted, so a name like "../etc" can't escape.

@@ -18,6 +18,7 @@ Other rules, as in Triton:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -109,9 +110,7 @@ class Batcher:
         self.policy = policy
         self._runner = runner
         self._instances = instances
-        self._queues: list[deque[QueuedRequest]] = [
-            deque() for _ in range(max(1, policy.priority_levels))
-        ]
+        self._queues: list[deque[QueuedRequest]] = [deque() for _ in range(max(1, policy.priority_levels))]
         self._size = 0
         self._inflight = 0
         self._closed = False
@@ -210,10 +209,8 @@ class Batcher:
                 if wait_until is None:
                     return self._take(batch, now)
                 self._wakeup.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), wait_until - now)
-                except TimeoutError:
-                    pass
 
     def _ordered(self) -> list[QueuedRequest]:
         """Queued requests in service order: priority, then fresh before expired, then FIFO."""

@@ -60,9 +60,11 @@ class DataPlane:
 
     def model_statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         if name:
-            runtimes = [self.registry.get(name, version)] if version else [
-                self.registry.get(name, v) for v in self.registry.versions(name)
-            ]
+            runtimes = (
+                [self.registry.get(name, version)]
+                if version
+                else [self.registry.get(name, v) for v in self.registry.versions(name)]
+            )
             if not runtimes:
                 self.registry.get(name)  # raises the right not-ready/not-found error
         else:

@@ -89,9 +89,7 @@ def _warmup_inputs(spec: WarmupSpec, batching: bool, rng: np.random.Generator) -
 def _default_warmup(cfg: ModelConfig) -> WarmupSpec:
     return WarmupSpec(
         name="auto",
-        inputs={
-            t.name: WarmupInput(data_type=t.data_type, dims=t.dims, zero_data=True) for t in cfg.input
-        },
+        inputs={t.name: WarmupInput(data_type=t.data_type, dims=t.dims, zero_data=True) for t in cfg.input},
     )
 
 
@@ -99,8 +97,13 @@ class ModelRuntime:
     """A model version that is loaded, warmed up and accepting requests."""
 
     def __init__(
-        self, config: ModelConfig, version: str, backends: list[Backend], info: BackendInfo,
-        executor: Executor, metrics: Metrics,
+        self,
+        config: ModelConfig,
+        version: str,
+        backends: list[Backend],
+        info: BackendInfo,
+        executor: Executor,
+        metrics: Metrics,
     ) -> None:
         self.config = config
         self.version = version
@@ -123,8 +126,13 @@ class ModelRuntime:
     # ---- loading ----
     @classmethod
     async def load(
-        cls, config: ModelConfig | None, name: str, version: str, version_dir: Path,
-        executor: Executor, metrics: Metrics,
+        cls,
+        config: ModelConfig | None,
+        name: str,
+        version: str,
+        version_dir: Path,
+        executor: Executor,
+        metrics: Metrics,
     ) -> ModelRuntime:
         """Create the instances, complete the config, warm up. Raises ConfigError or BackendError."""
         model_path = version_dir / MODEL_FILENAME
@@ -146,8 +154,14 @@ class ModelRuntime:
         await runtime._warmup()
         runtime.stats.record_load(load_s, time.perf_counter() - t1)
         await runtime.batcher.start()
-        log.info("loaded %s version %s in %.3fs (warmup %.3fs, %d instance(s))",
-                 name, version, load_s, runtime.stats.warmup_s, count)
+        log.info(
+            "loaded %s version %s in %.3fs (warmup %.3fs, %d instance(s))",
+            name,
+            version,
+            load_s,
+            runtime.stats.warmup_s,
+            count,
+        )
         return runtime
 
     async def _warmup(self) -> None:
@@ -202,9 +216,7 @@ class ModelRuntime:
             model_name=self.config.name,
             model_version=self.version,
             id=request.id,
-            outputs=[
-                InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted
-            ],
+            outputs=[InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted],
         )
         self.stats.record_request(time.perf_counter_ns() - t0, None)
         return response

@@ -59,8 +59,7 @@ def validate_request(request: InferRequest, io: ModelIO) -> tuple[int, Signature
         spec = io.inputs.get(tensor.name)
         if spec is None:
             raise InvalidInputError(
-                f"input {tensor.name!r} is not an input of model {io.label!r} "
-                f"(expected {sorted(io.inputs)})"
+                f"input {tensor.name!r} is not an input of model {io.label!r} (expected {sorted(io.inputs)})"
             )
         if tensor.name in seen:
             raise InvalidInputError(f"input {tensor.name!r} is given twice")

@@ -63,9 +63,16 @@ class Server:
 
     def _uvicorn(self, app: Any, port: int, graceful_s: float) -> _Uvicorn:
         config = uvicorn.Config(
-            app, host=self.settings.host, port=port, http="httptools", lifespan="off",
-            access_log=False, log_config=None, timeout_graceful_shutdown=int(graceful_s) or None,
-            server_header=False, date_header=False,
+            app,
+            host=self.settings.host,
+            port=port,
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            timeout_graceful_shutdown=int(graceful_s) or None,
+            server_header=False,
+            date_header=False,
         )
         return _Uvicorn(config)
 
@@ -91,17 +98,23 @@ class Server:
         if s.metrics.enabled:
             metrics_app = MetricsApp(self.prometheus_registry)
             await self._start_uvicorn(self._uvicorn(metrics_app, s.metrics.port, 1), "metrics")
-        log.info("listening on %s: http %s, grpc %s, metrics %s", s.host,
-                 s.http.port if s.http.enabled else "off", s.grpc.port if s.grpc.enabled else "off",
-                 s.metrics.port if s.metrics.enabled else "off")
+        log.info(
+            "listening on %s: http %s, grpc %s, metrics %s",
+            s.host,
+            s.http.port if s.http.enabled else "off",
+            s.grpc.port if s.grpc.enabled else "off",
+            s.metrics.port if s.metrics.enabled else "off",
+        )
         if s.model_control_mode == "none":
             await self.registry.load_all()
         elif s.load_models:
             names = None if "*" in s.load_models else s.load_models
             await self.registry.load_all(names)
         self.dataplane.started = True
-        log.info("ready: %s", [f"{r['name']}:{r.get('version', '-')}:{r.get('state')}"
-                               for r in self.registry.index()])
+        log.info(
+            "ready: %s",
+            [f"{r['name']}:{r.get('version', '-')}:{r.get('state')}" for r in self.registry.index()],
+        )
 
     async def stop(self) -> None:
         """Stop accepting, finish what is in flight, release everything."""

@@ -22,6 +22,11 @@ class MetricsApp:
             status, body, ctype = 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
         else:
             status, body, ctype = 404, b"not found; metrics are at /metrics\n", "text/plain"
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

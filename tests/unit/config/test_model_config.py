@@ -13,18 +13,25 @@ FULL_PBTXT = """
 name: "m"
 platform: "onnxruntime_onnx"
 max_batch_size: 16
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }
+]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 dynamic_batching {
   preferred_batch_size: [ 4, 8 ]
   max_queue_delay_microseconds: 300
-  default_queue_policy { max_queue_size: 64 default_timeout_microseconds: 5000 timeout_action: DELAY allow_timeout_override: true }
+  default_queue_policy {
+    max_queue_size: 64 default_timeout_microseconds: 5000
+    timeout_action: DELAY allow_timeout_override: true
+  }
   priority_levels: 3
   default_priority_level: 2
 }
 instance_group [ { count: 2 kind: KIND_CPU } ]
 version_policy: { specific: { versions: [ 1, 3 ] } }
-model_warmup [ { name: "w" batch_size: 2 count: 3 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } } } ]
+model_warmup [ { name: "w" batch_size: 2 count: 3
+  inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } } } ]
 parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 parameters { key: "inter_op_thread_count" value: { string_value: "1" } }
 """
@@ -73,25 +80,49 @@ parameters: {intra_op_thread_count: 2}
 @pytest.mark.parametrize(
     ("text", "filename", "match"),
     [
-        ('name: "m"\nsequence_batching { }', "config.pbtxt", r"config.pbtxt: .*no field named \"sequence_batching\""),
+        (
+            'name: "m"\nsequence_batching { }',
+            "config.pbtxt",
+            r"config.pbtxt: .*no field named \"sequence_batching\"",
+        ),
         ('name: "m"\nmax_batch_size: "x"', "config.pbtxt", r"config.pbtxt"),
         ('name: "m"\ninput [ { name: "a" data_type: TYPE_FLOAT dims: [1] } ]', "config.pbtxt", r"TYPE_FLOAT"),
         ('name: "m"\nplatform: "tensorflow_savedmodel"', "config.pbtxt", r"field 'platform'.*not supported"),
         ('name: "other"', "config.pbtxt", r"field 'name'.*does not match"),
-        ('name: "m"\nmax_batch_size: 4\ndynamic_batching { preferred_batch_size: [8] }', "config.pbtxt",
-         r"preferred_batch_size \[8\] exceeds max_batch_size 4"),
+        (
+            'name: "m"\nmax_batch_size: 4\ndynamic_batching { preferred_batch_size: [8] }',
+            "config.pbtxt",
+            r"preferred_batch_size \[8\] exceeds max_batch_size 4",
+        ),
         ('name: "m"\ndynamic_batching { }', "config.pbtxt", r"dynamic_batching needs max_batch_size > 0"),
-        ("max_batch_size: 4\nbatching: yes\n", "config.yaml", r"config.yaml: field 'batching': unknown or unsupported"),
+        (
+            "max_batch_size: 4\nbatching: yes\n",
+            "config.yaml",
+            r"config.yaml: field 'batching': unknown or unsupported",
+        ),
         ("input: [{name: a, data_type: FP32, dims: [0]}]\n", "config.yaml", r"field 'input.0.dims'"),
         ("instance_group: [{count: 0}]\n", "config.yaml", r"field 'instance_group.0.count'"),
-        ("max_batch_size: 4\ndynamic_batching: {priority_levels: 2, default_priority_level: 3}\n", "config.yaml",
-         r"default_priority_level must be in 1..2"),
-        ("version_policy: {latest: {num_versions: 1}, all: {}}\n", "config.yaml", r"one of latest, all, specific"),
-        ("model_warmup: [{inputs: {x: {data_type: FP32, dims: [1]}}}]\n", "config.yaml", r"zero_data or random_data"),
+        (
+            "max_batch_size: 4\ndynamic_batching: {priority_levels: 2, default_priority_level: 3}\n",
+            "config.yaml",
+            r"default_priority_level must be in 1..2",
+        ),
+        (
+            "version_policy: {latest: {num_versions: 1}, all: {}}\n",
+            "config.yaml",
+            r"one of latest, all, specific",
+        ),
+        (
+            "model_warmup: [{inputs: {x: {data_type: FP32, dims: [1]}}}]\n",
+            "config.yaml",
+            r"zero_data or random_data",
+        ),
         ("- just\n- a list\n", "config.yaml", r"top level must be a mapping"),
     ],
 )
-def test_wrong_or_unsupported_fields_name_the_file_and_field(tmp_path: Path, text: str, filename: str, match: str) -> None:
+def test_wrong_or_unsupported_fields_name_the_file_and_field(
+    tmp_path: Path, text: str, filename: str, match: str
+) -> None:
     with pytest.raises(ConfigError, match=match):
         load_model_config(write(tmp_path, text, filename))
 

@@ -31,17 +31,26 @@ def test_minilm_onnx_matches_transformers(example_repo: Path, monkeypatch: pytes
 
     tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
     model = BertModel.from_pretrained(str(minilm_dir())).eval()
-    enc = tok(["fraud checks must be fast", "a much longer sentence about the weather in spring"],
-              padding=True, return_tensors="np")
+    enc = tok(
+        ["fraud checks must be fast", "a much longer sentence about the weather in spring"],
+        padding=True,
+        return_tensors="np",
+    )
     with torch.no_grad():
-        hidden = model(input_ids=torch.tensor(enc["input_ids"]),
-                       attention_mask=torch.tensor(enc["attention_mask"])).last_hidden_state.numpy()
+        hidden = model(
+            input_ids=torch.tensor(enc["input_ids"]), attention_mask=torch.tensor(enc["attention_mask"])
+        ).last_hidden_state.numpy()
     mask = enc["attention_mask"][:, :, None].astype(np.float32)
     ref = (hidden * mask).sum(1) / mask.sum(1)
     ref /= np.linalg.norm(ref, axis=1, keepdims=True)
     s = ort.InferenceSession(str(example_repo / "minilm" / "1" / "model.onnx"))
-    got = s.run(None, {"input_ids": enc["input_ids"].astype(np.int64),
-                       "attention_mask": enc["attention_mask"].astype(np.int64)})[0]
+    got = s.run(
+        None,
+        {
+            "input_ids": enc["input_ids"].astype(np.int64),
+            "attention_mask": enc["attention_mask"].astype(np.int64),
+        },
+    )[0]
     np.testing.assert_allclose(got, ref, atol=1e-5)
     assert os.environ["HF_HUB_OFFLINE"] == "1"
 

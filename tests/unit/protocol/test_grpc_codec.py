@@ -53,8 +53,15 @@ def test_mismatched_raw_contents_are_rejected() -> None:
 
 
 def test_response_uses_raw_output_contents() -> None:
-    resp = InferResponse("m", "1", [InferTensor("y", "FP32", (2,), np.array([1, 2], np.float32)),
-                                    InferTensor("s", "BYTES", (1,), np.array([b"x"], dtype=object))], id="r")
+    resp = InferResponse(
+        "m",
+        "1",
+        [
+            InferTensor("y", "FP32", (2,), np.array([1, 2], np.float32)),
+            InferTensor("s", "BYTES", (1,), np.array([b"x"], dtype=object)),
+        ],
+        id="r",
+    )
     msg = grpc_codec.encode_infer_response(resp)
     assert msg.raw_output_contents[0] == np.array([1, 2], np.float32).tobytes()
     assert msg.raw_output_contents[1] == serialize_bytes(np.array([b"x"], dtype=object))

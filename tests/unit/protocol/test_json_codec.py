@@ -19,8 +19,12 @@ def body(*inputs: dict, **extra: object) -> bytes:
 
 
 def test_flat_and_nested_json_data_decode_to_the_same_array() -> None:
-    flat = decode_infer_request(body({"name": "x", "shape": [2, 2], "datatype": "INT32", "data": [1, 2, 3, 4]}), None, "m", "")
-    nested = decode_infer_request(body({"name": "x", "shape": [2, 2], "datatype": "INT32", "data": [[1, 2], [3, 4]]}), None, "m", "")
+    flat = decode_infer_request(
+        body({"name": "x", "shape": [2, 2], "datatype": "INT32", "data": [1, 2, 3, 4]}), None, "m", ""
+    )
+    nested = decode_infer_request(
+        body({"name": "x", "shape": [2, 2], "datatype": "INT32", "data": [[1, 2], [3, 4]]}), None, "m", ""
+    )
     assert flat.inputs[0].data.dtype == np.int32
     np.testing.assert_array_equal(flat.inputs[0].data, nested.inputs[0].data)
 
@@ -37,7 +41,9 @@ def test_flat_and_nested_json_data_decode_to_the_same_array() -> None:
     ],
 )
 def test_datatypes_round_trip_through_json(datatype: str, data: list, expected: np.ndarray) -> None:
-    req = decode_infer_request(body({"name": "x", "shape": [2], "datatype": datatype, "data": data}), None, "m", "")
+    req = decode_infer_request(
+        body({"name": "x", "shape": [2], "datatype": datatype, "data": data}), None, "m", ""
+    )
     got = req.inputs[0].data
     assert list(got) == list(expected)
     resp = InferResponse("m", "1", [InferTensor("y", datatype, (2,), got)])
@@ -50,17 +56,31 @@ def test_binary_extension_inputs_and_outputs() -> None:
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     s = np.array([b"ab", b"\x00\xff"], dtype=object)
     sb = serialize_bytes(s)
-    header = orjson.dumps({
-        "inputs": [
-            {"name": "a", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": a.nbytes}},
-            {"name": "s", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(sb)}},
-        ],
-        "outputs": [{"name": "a", "parameters": {"binary_data": True}}, {"name": "s"}],
-    })
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "a",
+                    "shape": [2, 3],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": a.nbytes},
+                },
+                {"name": "s", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(sb)}},
+            ],
+            "outputs": [{"name": "a", "parameters": {"binary_data": True}}, {"name": "s"}],
+        }
+    )
     req = decode_infer_request(header + a.tobytes() + sb, len(header), "m", "")
     np.testing.assert_array_equal(req.inputs[0].data, a)
     assert list(req.inputs[1].data) == [b"ab", b"\x00\xff"]
-    resp = InferResponse("m", "1", [InferTensor("a", "FP32", (2, 3), a), InferTensor("s", "BYTES", (1,), np.array([b"ok"], dtype=object))])
+    resp = InferResponse(
+        "m",
+        "1",
+        [
+            InferTensor("a", "FP32", (2, 3), a),
+            InferTensor("s", "BYTES", (1,), np.array([b"ok"], dtype=object)),
+        ],
+    )
     out, hlen = encode_infer_response(resp, req)
     assert hlen is not None
     doc = orjson.loads(out[:hlen])
@@ -70,7 +90,15 @@ def test_binary_extension_inputs_and_outputs() -> None:
 
 
 def test_binary_data_output_parameter_applies_to_all_outputs() -> None:
-    req = decode_infer_request(body({"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}, parameters={"binary_data_output": True}), None, "m", "")
+    req = decode_infer_request(
+        body(
+            {"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]},
+            parameters={"binary_data_output": True},
+        ),
+        None,
+        "m",
+        "",
+    )
     resp = InferResponse("m", "1", [InferTensor("y", "FP32", (1,), np.array([2.0], np.float32))])
     out, hlen = encode_infer_response(resp, req)
     assert hlen is not None and out[hlen:] == np.array([2.0], np.float32).tobytes()
@@ -82,13 +110,48 @@ def test_binary_data_output_parameter_applies_to_all_outputs() -> None:
         (b"{not json", None, MalformedRequestError, "not valid JSON"),
         (b"[1, 2]", None, MalformedRequestError, "JSON object"),
         (b'{"inputs": []}', None, MalformedRequestError, "non-empty 'inputs'"),
-        (body({"name": "x", "shape": [2], "datatype": "FP32", "data": [1.0]}), None, InvalidInputError, "needs 2 elements, data has 1"),
-        (body({"name": "x", "shape": [2], "datatype": "FLOAT", "data": [1.0, 2.0]}), None, InvalidInputError, "unknown datatype 'FLOAT'"),
-        (body({"name": "x", "shape": [2], "datatype": "INT32", "data": [1.5, 2.0]}), None, InvalidInputError, "not valid INT32"),
-        (body({"name": "x", "shape": [1], "datatype": "UINT8", "data": [300]}), None, InvalidInputError, "UINT8"),
-        (body({"name": "x", "shape": [2], "datatype": "FP32", "data": [[1.0], [2.0, 3.0]]}), None, InvalidInputError, "regular array"),
-        (body({"name": "x", "shape": [-1], "datatype": "FP32", "data": [1.0]}), None, MalformedRequestError, "non-negative"),
-        (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [NaN]}]}', None, MalformedRequestError, "not valid JSON"),
+        (
+            body({"name": "x", "shape": [2], "datatype": "FP32", "data": [1.0]}),
+            None,
+            InvalidInputError,
+            "needs 2 elements, data has 1",
+        ),
+        (
+            body({"name": "x", "shape": [2], "datatype": "FLOAT", "data": [1.0, 2.0]}),
+            None,
+            InvalidInputError,
+            "unknown datatype 'FLOAT'",
+        ),
+        (
+            body({"name": "x", "shape": [2], "datatype": "INT32", "data": [1.5, 2.0]}),
+            None,
+            InvalidInputError,
+            "not valid INT32",
+        ),
+        (
+            body({"name": "x", "shape": [1], "datatype": "UINT8", "data": [300]}),
+            None,
+            InvalidInputError,
+            "UINT8",
+        ),
+        (
+            body({"name": "x", "shape": [2], "datatype": "FP32", "data": [[1.0], [2.0, 3.0]]}),
+            None,
+            InvalidInputError,
+            "regular array",
+        ),
+        (
+            body({"name": "x", "shape": [-1], "datatype": "FP32", "data": [1.0]}),
+            None,
+            MalformedRequestError,
+            "non-negative",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [NaN]}]}',
+            None,
+            MalformedRequestError,
+            "not valid JSON",
+        ),
     ],
 )
 def test_bad_json_bodies_are_named(raw: bytes, header_len: int | None, error: type, match: str) -> None:
@@ -97,7 +160,9 @@ def test_bad_json_bodies_are_named(raw: bytes, header_len: int | None, error: ty
 
 
 def test_truncated_binary_payload_is_reported() -> None:
-    header = orjson.dumps({"inputs": [{"name": "a", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]})
+    header = orjson.dumps(
+        {"inputs": [{"name": "a", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]}
+    )
     with pytest.raises(MalformedRequestError, match="truncated"):
         decode_infer_request(header + b"\x00" * 10, len(header), "m", "")
     with pytest.raises(MalformedRequestError, match="Inference-Header-Content-Length"):
@@ -106,6 +171,17 @@ def test_truncated_binary_payload_is_reported() -> None:
 
 def test_bad_bytes_length_prefix_is_reported() -> None:
     payload = struct.pack("<I", 100) + b"short"
-    header = orjson.dumps({"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": len(payload)}}]})
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "s",
+                    "shape": [1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(payload)},
+                }
+            ]
+        }
+    )
     with pytest.raises(MalformedRequestError, match="declares length 100"):
         decode_infer_request(header + payload, len(header), "m", "")

@@ -18,8 +18,9 @@ IO = ModelIO(
 
 
 def req(*tensors: InferTensor, outputs: list[str] | None = None) -> InferRequest:
-    return InferRequest("fraud_mlp", "", list(tensors),
-                        outputs=[RequestedOutput(o) for o in outputs] if outputs else None)
+    return InferRequest(
+        "fraud_mlp", "", list(tensors), outputs=[RequestedOutput(o) for o in outputs] if outputs else None
+    )
 
 
 def t(name: str, dtype: str, shape: tuple[int, ...], value: float = 0.0) -> InferTensor:
@@ -35,20 +36,43 @@ def test_valid_request_gives_batch_size_and_signature() -> None:
 @pytest.mark.parametrize(
     ("tensors", "outputs", "match"),
     [
-        ((t("features", "FP32", (1, 64)), t("ids", "INT64", (1, 2)), t("extra", "FP32", (1,))), None,
-         r"input 'extra' is not an input of model 'fraud_mlp' \(expected \['features', 'ids'\]\)"),
+        (
+            (t("features", "FP32", (1, 64)), t("ids", "INT64", (1, 2)), t("extra", "FP32", (1,))),
+            None,
+            r"input 'extra' is not an input of model 'fraud_mlp' \(expected \['features', 'ids'\]\)",
+        ),
         ((t("features", "FP32", (1, 64)),), None, r"needs inputs \['ids'\]"),
-        ((t("features", "INT64", (1, 64)), t("ids", "INT64", (1, 2))), None,
-         r"input 'features' has datatype INT64 but model 'fraud_mlp' expects FP32"),
-        ((t("features", "FP32", (3, 5)), t("ids", "INT64", (3, 2))), None,
-         r"input 'features' has shape \[3, 5\] but model 'fraud_mlp' expects \[-1, 64\]"),
+        (
+            (t("features", "INT64", (1, 64)), t("ids", "INT64", (1, 2))),
+            None,
+            r"input 'features' has datatype INT64 but model 'fraud_mlp' expects FP32",
+        ),
+        (
+            (t("features", "FP32", (3, 5)), t("ids", "INT64", (3, 2))),
+            None,
+            r"input 'features' has shape \[3, 5\] but model 'fraud_mlp' expects \[-1, 64\]",
+        ),
         ((t("features", "FP32", (9, 64)), t("ids", "INT64", (9, 2))), None, r"batch size 9 .* 1\.\.8"),
-        ((t("features", "FP32", (2, 64)), t("ids", "INT64", (3, 2))), None, r"batch size 3 but other inputs have 2"),
-        ((t("features", "FP32", (1, 64), np.nan), t("ids", "INT64", (1, 2))), None, r"contains nan at flat index 0"),
-        ((t("features", "FP32", (1, 64)), t("ids", "INT64", (1, 2))), ["logits"], r"requested output 'logits'"),
+        (
+            (t("features", "FP32", (2, 64)), t("ids", "INT64", (3, 2))),
+            None,
+            r"batch size 3 but other inputs have 2",
+        ),
+        (
+            (t("features", "FP32", (1, 64), np.nan), t("ids", "INT64", (1, 2))),
+            None,
+            r"contains nan at flat index 0",
+        ),
+        (
+            (t("features", "FP32", (1, 64)), t("ids", "INT64", (1, 2))),
+            ["logits"],
+            r"requested output 'logits'",
+        ),
     ],
 )
-def test_invalid_requests_name_the_offending_input(tensors: tuple, outputs: list[str] | None, match: str) -> None:
+def test_invalid_requests_name_the_offending_input(
+    tensors: tuple, outputs: list[str] | None, match: str
+) -> None:
     with pytest.raises(InvalidInputError, match=match):
         validate_request(req(*tensors, outputs=outputs), IO)
 

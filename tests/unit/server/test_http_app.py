@@ -67,7 +67,9 @@ def test_health_metadata_config_and_stats(repo: Path, run: Any) -> None:
             cfg = (await c.get("/v2/models/add_sub/config")).json()
             assert cfg["max_batch_size"] == 8 and cfg["input"][0]["dims"] == [-1]  # completed from the model
             a = np.ones((1, 3), np.float32)
-            np.testing.assert_allclose(outputs(await c.post("/v2/models/add_sub/infer", json=infer_body(a, a)))["OUTPUT0"], 2 * a)
+            np.testing.assert_allclose(
+                outputs(await c.post("/v2/models/add_sub/infer", json=infer_body(a, a)))["OUTPUT0"], 2 * a
+            )
             stats = (await c.get("/v2/models/add_sub/stats")).json()["model_stats"][0]
             assert stats["inference_count"] == 1 and stats["inference_stats"]["success"]["count"] == 1
 
@@ -78,8 +80,13 @@ def test_every_request_gets_its_own_answer_whatever_batch_it_rode_in(repo: Path,
     async def main() -> None:
         rng = np.random.default_rng(1)
         async with client(repo) as (c, server):
-            pairs = [(rng.normal(size=(int(rng.integers(1, 3)), 5)).astype(np.float32),
-                      rng.normal(size=(1, 5)).astype(np.float32)) for _ in range(40)]
+            pairs = [
+                (
+                    rng.normal(size=(int(rng.integers(1, 3)), 5)).astype(np.float32),
+                    rng.normal(size=(1, 5)).astype(np.float32),
+                )
+                for _ in range(40)
+            ]
             bodies = [infer_body(a, np.repeat(b, len(a), 0)) for a, b in pairs]
             resps = await asyncio.gather(*(c.post("/v2/models/add_sub/infer", json=b) for b in bodies))
             for (a, b), r in zip(pairs, resps, strict=True):
@@ -113,39 +120,113 @@ def test_one_malformed_request_never_fails_its_neighbours(repo: Path, run: Any) 
 
 def _bytes_body() -> tuple[bytes, dict[str, str]]:
     payload = struct.pack("<I", 50) + b"abc"
-    header = orjson.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
-                                       "parameters": {"binary_data_size": len(payload)}}]})
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "TEXT",
+                    "shape": [1, 1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(payload)},
+                }
+            ]
+        }
+    )
     return header + payload, {"Inference-Header-Content-Length": str(len(header))}
 
 
 BAD_REQUESTS: list[tuple[str, str, Any, dict[str, str], int, str]] = [
     ("malformed JSON", "add_sub", b'{"inputs": [', {}, 400, "not valid JSON"),
-    ("wrong datatype", "add_sub", {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "INT32", "data": [1]},
-                                              {"name": "INPUT1", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
-     {}, 400, "input 'INPUT0' has datatype INT32 but model 'add_sub' expects FP32"),
-    ("wrong shape", "add_sub", {"inputs": [{"name": "INPUT0", "shape": [1, 1, 1], "datatype": "FP32", "data": [1.0]},
-                                           {"name": "INPUT1", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
-     {}, 400, r"input 'INPUT0' has shape [1, 1, 1] but model 'add_sub' expects [-1, -1]"),
-    ("missing input", "add_sub", {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
-     {}, 400, "needs inputs ['INPUT1']"),
-    ("unknown input", "add_sub", {"inputs": [{"name": "INPUT9", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
-     {}, 400, "input 'INPUT9' is not an input of model 'add_sub'"),
-    ("NaN in data", "add_sub", b'{"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [NaN]}]}',
-     {}, 400, "not valid JSON"),
+    (
+        "wrong datatype",
+        "add_sub",
+        {
+            "inputs": [
+                {"name": "INPUT0", "shape": [1, 1], "datatype": "INT32", "data": [1]},
+                {"name": "INPUT1", "shape": [1, 1], "datatype": "FP32", "data": [1.0]},
+            ]
+        },
+        {},
+        400,
+        "input 'INPUT0' has datatype INT32 but model 'add_sub' expects FP32",
+    ),
+    (
+        "wrong shape",
+        "add_sub",
+        {
+            "inputs": [
+                {"name": "INPUT0", "shape": [1, 1, 1], "datatype": "FP32", "data": [1.0]},
+                {"name": "INPUT1", "shape": [1, 1], "datatype": "FP32", "data": [1.0]},
+            ]
+        },
+        {},
+        400,
+        r"input 'INPUT0' has shape [1, 1, 1] but model 'add_sub' expects [-1, -1]",
+    ),
+    (
+        "missing input",
+        "add_sub",
+        {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
+        {},
+        400,
+        "needs inputs ['INPUT1']",
+    ),
+    (
+        "unknown input",
+        "add_sub",
+        {"inputs": [{"name": "INPUT9", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
+        {},
+        400,
+        "input 'INPUT9' is not an input of model 'add_sub'",
+    ),
+    (
+        "NaN in data",
+        "add_sub",
+        b'{"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [NaN]}]}',
+        {},
+        400,
+        "not valid JSON",
+    ),
     ("unknown model", "nope", {"inputs": []}, {}, 404, "unknown model 'nope'"),
-    ("truncated binary", "add_sub", orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
-                                                             "parameters": {"binary_data_size": 16}}]}) + b"\x00" * 3,
-     {"Inference-Header-Content-Length": "0"}, 400, "truncated"),
+    (
+        "truncated binary",
+        "add_sub",
+        orjson.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "shape": [1, 4],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 16},
+                    }
+                ]
+            }
+        )
+        + b"\x00" * 3,
+        {"Inference-Header-Content-Length": "0"},
+        400,
+        "truncated",
+    ),
     ("bad BYTES prefix", "strings", *_bytes_body(), 400, "declares length 50"),
     ("body over the limit", "add_sub", b"x" * (2 << 20), {}, 413, "over the limit"),
 ]
 
 
-@pytest.mark.parametrize(("case", "model", "body", "headers", "status", "message"), BAD_REQUESTS,
-                         ids=[c[0] for c in BAD_REQUESTS])
+@pytest.mark.parametrize(
+    ("case", "model", "body", "headers", "status", "message"), BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS]
+)
 def test_bad_input_gets_a_named_4xx_and_the_server_keeps_serving(
-    tmp_path: Path, write_add_sub: Callable[..., Path], write_identity_bytes: Callable[..., Path], run: Any,
-    case: str, model: str, body: Any, headers: dict[str, str], status: int, message: str,
+    tmp_path: Path,
+    write_add_sub: Callable[..., Path],
+    write_identity_bytes: Callable[..., Path],
+    run: Any,
+    case: str,
+    model: str,
+    body: Any,
+    headers: dict[str, str],
+    status: int,
+    message: str,
 ) -> None:
     write_add_sub(tmp_path, config=BATCHING)
     write_identity_bytes(tmp_path)
@@ -176,13 +257,21 @@ def test_unknown_version_and_routes_are_404(repo: Path, run: Any) -> None:
     run(main())
 
 
-def test_bytes_model_round_trips_binary_and_json(tmp_path: Path, write_identity_bytes: Callable[..., Path], run: Any) -> None:
+def test_bytes_model_round_trips_binary_and_json(
+    tmp_path: Path, write_identity_bytes: Callable[..., Path], run: Any
+) -> None:
     write_identity_bytes(tmp_path)
 
     async def main() -> None:
         async with client(tmp_path) as (c, _):
-            r = await c.post("/v2/models/strings/infer", json={
-                "inputs": [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES", "data": ["héllo", "wörld"]}]})
+            r = await c.post(
+                "/v2/models/strings/infer",
+                json={
+                    "inputs": [
+                        {"name": "TEXT", "shape": [2, 1], "datatype": "BYTES", "data": ["héllo", "wörld"]}
+                    ]
+                },
+            )
             assert r.json()["outputs"][0]["data"] == ["héllo", "wörld"]
 
     run(main())
@@ -205,14 +294,19 @@ def test_model_that_fails_to_load_is_reported_and_the_others_serve(repo: Path, r
     wrong = repo / "wrong_config"
     (wrong / "1").mkdir(parents=True)
     (wrong / "1" / "model.onnx").write_bytes((repo / "add_sub" / "1" / "model.onnx").read_bytes())
-    (wrong / "config.pbtxt").write_text('name: "wrong_config"\ninput [ { name: "X" data_type: TYPE_FP32 dims: [-1] } ]')
+    (wrong / "config.pbtxt").write_text(
+        'name: "wrong_config"\ninput [ { name: "X" data_type: TYPE_FP32 dims: [-1] } ]'
+    )
 
     async def main() -> None:
         async with client(repo) as (c, _):
             index = {row["name"]: row for row in (await c.post("/v2/repository/index")).json()}
             assert index["add_sub"]["state"] == "READY"
             assert index["broken"]["state"] == "UNAVAILABLE" and "could not load" in index["broken"]["reason"]
-            assert "field 'input'" in index["wrong_config"]["reason"] and "'X'" in index["wrong_config"]["reason"]
+            assert (
+                "field 'input'" in index["wrong_config"]["reason"]
+                and "'X'" in index["wrong_config"]["reason"]
+            )
             r = await c.post("/v2/models/broken/infer", json={"inputs": []})
             assert r.status_code == 503 and "not ready" in r.json()["error"]
             assert (await c.get("/v2/models/broken/ready")).status_code == 503
@@ -238,8 +332,14 @@ def test_reloading_a_new_version_under_traffic_fails_no_request(
             async def traffic() -> None:
                 while not stop.is_set():
                     r = await c.post("/v2/models/add_sub/infer", json=infer_body(a, a))
-                    results.append((r.status_code, float(np.asarray(r.json()["outputs"][0]["data"])[0])
-                                    if r.status_code == 200 else -1.0))
+                    results.append(
+                        (
+                            r.status_code,
+                            float(np.asarray(r.json()["outputs"][0]["data"])[0])
+                            if r.status_code == 200
+                            else -1.0,
+                        )
+                    )
 
             tasks = [asyncio.create_task(traffic()) for _ in range(4)]
             await asyncio.sleep(0.1)

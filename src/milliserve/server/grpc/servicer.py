@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from milliserve.config.model_config import config_to_proto
 from milliserve import errors as e
+from milliserve.config.model_config import config_to_proto
 from milliserve.errors import MilliserveError, ModelNotReadyError
 from milliserve.protocol import grpc_codec
 from milliserve.protocol.proto import oip_pb2 as pb
@@ -66,7 +66,9 @@ class Servicer:
         return json_format.ParseDict(self.dp.server_metadata(), pb.ServerMetadataResponse())
 
     async def ModelMetadata(self, req: Any, ctx: Any) -> Any:
-        return json_format.ParseDict(self.dp.model_metadata(req.name, req.version), pb.ModelMetadataResponse())
+        return json_format.ParseDict(
+            self.dp.model_metadata(req.name, req.version), pb.ModelMetadataResponse()
+        )
 
     async def ModelInfer(self, req: Any, ctx: Any) -> Any:
         request = grpc_codec.decode_infer_request(req)
@@ -103,7 +105,9 @@ class Servicer:
                 await finished.put(pb.ModelStreamInferResponse(infer_response=resp))
             except MilliserveError as exc:
                 failed = pb.ModelInferResponse(id=msg.id, model_name=msg.model_name)
-                await finished.put(pb.ModelStreamInferResponse(error_message=exc.message, infer_response=failed))
+                await finished.put(
+                    pb.ModelStreamInferResponse(error_message=exc.message, infer_response=failed)
+                )
 
         async def read_all() -> None:
             async with asyncio.TaskGroup() as group:

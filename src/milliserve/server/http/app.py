@@ -85,7 +85,9 @@ class HttpApp:
                 try:
                     declared = int(v)
                 except ValueError:
-                    raise MalformedRequestError(f"bad Content-Length {v.decode(errors='replace')!r}") from None
+                    raise MalformedRequestError(
+                        f"bad Content-Length {v.decode(errors='replace')!r}"
+                    ) from None
                 if declared > limit:
                     raise RequestTooLargeError(
                         f"request body of {declared} bytes is over the limit of {limit} bytes"
@@ -127,7 +129,9 @@ class HttpApp:
             return name, rest[3], rest[4:]
         return name, "", rest[2:]
 
-    async def _infer(self, scope: Scope, receive: Receive, rest: list[str]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    async def _infer(
+        self, scope: Scope, receive: Receive, rest: list[str]
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         name, version, tail = self._model_ref(rest)
         if tail != ["infer"]:
             raise NotFoundError(f"no route for POST {scope['path']}")
@@ -138,7 +142,9 @@ class HttpApp:
                 try:
                     header_len = int(v)
                 except ValueError:
-                    raise MalformedRequestError("Inference-Header-Content-Length must be an integer") from None
+                    raise MalformedRequestError(
+                        "Inference-Header-Content-Length must be an integer"
+                    ) from None
         body = await self._read_body(scope, receive)
         request = decode_infer_request(body, header_len, name, version)
         response = await self.dp.infer(request)
@@ -174,7 +180,9 @@ class HttpApp:
                 return 200, encode_json({"model_stats": dp.model_statistics(name, version)}), [_JSON]
         raise NotFoundError(f"no route for GET /v2/{'/'.join(rest)}")
 
-    async def _repository(self, scope: Scope, receive: Receive, rest: list[str]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    async def _repository(
+        self, scope: Scope, receive: Receive, rest: list[str]
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         body = await self._read_body(scope, receive)
         doc = decode_json_object(body) if body.strip() else {}
         if rest == ["index"]:
@@ -189,4 +197,3 @@ class HttpApp:
                 await self.dp.unload_model(rest[1], params)
             return 200, _EMPTY_OK, [_JSON]
         raise NotFoundError(f"no route for POST /v2/repository/{'/'.join(rest)}")
-
