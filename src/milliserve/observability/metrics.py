@@ -1,128 +1,93 @@
-"""Prometheus metrics. Every family is built on a registry passed in, never the
-global one, so that tests and several servers in one process never collide.
+"""Prometheus metrics, built on a registry passed in (never the global one), so
+that tests and several servers in one process never collide.
 
-Durations are histograms in seconds (Prometheus base units). Counters mirror
-Triton's: ``inference_count`` counts inferences (batch items) and
-``exec_count`` counts backend executions, so their ratio is the mean batch size.
+The request path records plain numbers in runtime/stats.py; this collector turns
+them into metric families when the endpoint is scraped. Durations are
+histograms in seconds. Counters mirror Triton's: ``inference_count`` counts
+inferences (batch items) and ``exec_count`` backend executions, so their ratio
+is the mean batch size.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["LATENCY_BUCKETS", "Metrics", "ModelMetrics"]
+from milliserve.runtime.stats import HistogramData, ModelStats
 
-LATENCY_BUCKETS = (
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-_MV = ("model", "version")
+__all__ = ["Metrics"]
+
+_P = "milliserve_"
+_MV = ["model", "version"]
 
 
-@dataclass(slots=True)
-class ModelMetrics:
-    """Label-bound children for one model version (binding once keeps the hot path cheap)."""
-
-    success: Counter
-    inference_count: Counter
-    exec_count: Counter
-    request_duration: Histogram
-    queue_duration: Histogram
-    compute_input: Histogram
-    compute_infer: Histogram
-    compute_output: Histogram
-    batch_size: Histogram
-    pending: Gauge
-    load_duration: Gauge
-    warmup_duration: Gauge
-    first_request: Gauge
-    _failure: Counter
-    _labels: tuple[str, str]
-
-    def failure(self, reason: str) -> None:
-        self._failure.labels(*self._labels, reason).inc()
+def _buckets(h: HistogramData) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip(h.bounds, h.counts, strict=False):
+        running += count
+        out.append((repr(float(bound)), running))
+    out.append(("+Inf", running + h.counts[-1]))
+    return out
 
 
-class Metrics:
-    """All metric families of one server."""
+class Metrics(Collector):
+    """Exposes the statistics of every loaded model version on ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, source: Callable[[], Iterable[ModelStats]]) -> None:
         self.registry = registry
-        p = "milliserve_"
+        self._source = source
+        registry.register(self)
 
-        def hist(name: str, doc: str) -> Histogram:
-            return Histogram(p + name, doc, _MV, buckets=LATENCY_BUCKETS, registry=registry)
+    def describe(self) -> list[Metric]:
+        return []  # families are dynamic; nothing to check for collisions at register time
 
-        self._success = Counter(
-            p + "inference_request_success", "Successful requests", _MV, registry=registry
+    def collect(self) -> Iterator[Metric]:
+        stats = list(self._source())
+        success = CounterMetricFamily(_P + "inference_request_success", "Successful requests", labels=_MV)
+        failure = CounterMetricFamily(
+            _P + "inference_request_failure", "Failed requests by reason", labels=[*_MV, "reason"]
         )
-        self._failure = Counter(
-            p + "inference_request_failure", "Failed requests by reason", (*_MV, "reason"), registry=registry
-        )
-        self._count = Counter(
-            p + "inference_count", "Inferences performed (batch items)", _MV, registry=registry
-        )
-        self._exec = Counter(
-            p + "inference_exec_count", "Backend executions (batches)", _MV, registry=registry
-        )
-        self._request = hist("request_duration_seconds", "End-to-end request time inside the server")
-        self._queue = hist("queue_duration_seconds", "Time requests waited in the batcher queue")
-        self._cin = hist("compute_input_duration_seconds", "Time to assemble batch inputs")
-        self._cinfer = hist("compute_infer_duration_seconds", "Time the backend spent running a batch")
-        self._cout = hist("compute_output_duration_seconds", "Time to split batch outputs")
-        self._batch = Histogram(
-            p + "batch_size", "Items per executed batch", _MV, buckets=BATCH_BUCKETS, registry=registry
-        )
-        self._pending = Gauge(
-            p + "pending_request_count", "Requests queued or running", _MV, registry=registry
-        )
-        self._load = Gauge(
-            p + "model_load_duration_seconds", "Time to load the model", _MV, registry=registry
-        )
-        self._warmup = Gauge(
-            p + "model_warmup_duration_seconds", "Time spent in warmup", _MV, registry=registry
-        )
-        self._first = Gauge(
-            p + "model_first_request_duration_seconds",
+        count = CounterMetricFamily(_P + "inference_count", "Inferences performed (batch items)", labels=_MV)
+        execs = CounterMetricFamily(_P + "inference_exec_count", "Backend executions (batches)", labels=_MV)
+        pending = GaugeMetricFamily(_P + "pending_request_count", "Requests queued or running", labels=_MV)
+        load = GaugeMetricFamily(_P + "model_load_duration_seconds", "Time to load the model", labels=_MV)
+        warmup = GaugeMetricFamily(_P + "model_warmup_duration_seconds", "Time spent in warmup", labels=_MV)
+        first = GaugeMetricFamily(
+            _P + "model_first_request_duration_seconds",
             "Latency of the first request after load (cold start)",
-            _MV,
-            registry=registry,
+            labels=_MV,
         )
-
-    def bind(self, model: str, version: str) -> ModelMetrics:
-        lv = (model, version)
-        return ModelMetrics(
-            success=self._success.labels(*lv),
-            inference_count=self._count.labels(*lv),
-            exec_count=self._exec.labels(*lv),
-            request_duration=self._request.labels(*lv),
-            queue_duration=self._queue.labels(*lv),
-            compute_input=self._cin.labels(*lv),
-            compute_infer=self._cinfer.labels(*lv),
-            compute_output=self._cout.labels(*lv),
-            batch_size=self._batch.labels(*lv),
-            pending=self._pending.labels(*lv),
-            load_duration=self._load.labels(*lv),
-            warmup_duration=self._warmup.labels(*lv),
-            first_request=self._first.labels(*lv),
-            _failure=self._failure,
-            _labels=lv,
-        )
+        hists = {
+            "request_duration_seconds": ("End-to-end request time inside the server", "request_hist"),
+            "queue_duration_seconds": ("Time requests waited in the batcher queue", "queue_hist"),
+            "compute_input_duration_seconds": ("Time to assemble batch inputs", "compute_input_hist"),
+            "compute_infer_duration_seconds": (
+                "Time the backend spent running a batch",
+                "compute_infer_hist",
+            ),
+            "compute_output_duration_seconds": ("Time to split batch outputs", "compute_output_hist"),
+            "batch_size": ("Items per executed batch", "batch_hist"),
+        }
+        families = {
+            name: HistogramMetricFamily(_P + name, doc, labels=_MV) for name, (doc, _) in hists.items()
+        }
+        for s in stats:
+            lv = [s.name, s.version]
+            success.add_metric(lv, s.success.count)
+            for reason, n in sorted(s.failures.items()):
+                failure.add_metric([*lv, reason], n)
+            count.add_metric(lv, s.inference_count)
+            execs.add_metric(lv, s.execution_count)
+            pending.add_metric(lv, s.pending())
+            load.add_metric(lv, s.load_s)
+            warmup.add_metric(lv, s.warmup_s)
+            if s.first_request_s is not None:
+                first.add_metric(lv, s.first_request_s)
+            for name, (_, attr) in hists.items():
+                h: HistogramData = getattr(s, attr)
+                families[name].add_metric(lv, _buckets(h), h.sum)
+        yield from (success, failure, count, execs, pending, load, warmup, first, *families.values())

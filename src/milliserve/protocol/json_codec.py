@@ -194,7 +194,7 @@ def _json_data(out: InferTensor) -> Any:
             raise InvalidInputError(
                 f"output {out.name!r} holds bytes that are not UTF-8; request it with binary_data=true"
             ) from None
-    if arr.dtype.kind == "V" or arr.dtype.name == "bfloat16":
+    if arr.dtype.kind == "V":  # bfloat16 (ml_dtypes): orjson has no encoder for it
         return arr.astype(np.float32)
     return np.ascontiguousarray(arr)
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError
-from milliserve.observability.metrics import Metrics
 from milliserve.repository.repository import Repository
 from milliserve.runtime.executor import Executor
 from milliserve.runtime.model_runtime import ModelRuntime
@@ -49,10 +48,9 @@ class _Entry:
 class ModelRegistry:
     """Loads models from a Repository and hands out ready ModelRuntimes."""
 
-    def __init__(self, repository: Repository, executor: Executor, metrics: Metrics) -> None:
+    def __init__(self, repository: Repository, executor: Executor) -> None:
         self.repository = repository
         self._executor = executor
-        self._metrics = metrics
         self._entries: dict[str, _Entry] = {}
 
     def _entry(self, name: str) -> _Entry:
@@ -97,9 +95,7 @@ class ModelRegistry:
         try:
             for v in chosen:
                 vdir = self.repository.model_dir(name) / str(v)
-                built[str(v)] = await ModelRuntime.load(
-                    config, name, str(v), vdir, self._executor, self._metrics
-                )
+                built[str(v)] = await ModelRuntime.load(config, name, str(v), vdir, self._executor)
         except BaseException:
             for rt in built.values():
                 await rt.close()

@@ -4,8 +4,12 @@ One worker coroutine per model instance. An idle worker takes what is queued at
 once; requests that arrive while every instance is busy pile up and leave
 together as the next batch (up to ``max_batch_size``). ``max_queue_delay`` adds
 waiting only when a batch could grow toward a preferred size: the batch is
-short of it *and* the measured arrival rate says another request is due before
-the delay runs out. A lone request on a quiet server therefore never waits.
+short of it, the measured arrival rate says another request is due before the
+delay runs out, *and* recent requests arrived while others were still pending.
+The last test matters for closed-loop clients: a client that waits for each
+answer before sending again arrives at a high rate but never concurrently, and
+holding its request back would only delay the next one. A lone request, or a
+sequential client, therefore never waits.
 
 Other rules, as in Triton:
 - a bounded queue (``max_queue_size``) rejects at once when full;
@@ -37,8 +41,10 @@ from milliserve.runtime.validation import Signature
 
 __all__ = ["BatchPolicy", "Batcher", "QueuedRequest"]
 
-# Weight of the newest inter-arrival gap in the running estimate.
+# Weight of the newest observation in the running estimates.
 _GAP_ALPHA = 0.2
+# Waiting is allowed only when at least this share of recent arrivals found other requests pending.
+_MIN_OVERLAP = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,22 +110,30 @@ Runner = Callable[[list[QueuedRequest], int], Awaitable[None]]
 
 
 class Batcher:
-    """Queues validated requests and feeds batches to ``runner(batch, instance_index)``."""
+    """Queues validated requests and feeds batches to ``runner(batch, instance_index)``.
+
+    Two paths lead to an instance. When nothing is queued and an instance is free,
+    the request's own task runs it at once (no hand-off to another coroutine). Otherwise
+    the request queues, and the dispatcher forms the next batch as soon as an instance
+    frees up.
+    """
 
     def __init__(self, policy: BatchPolicy, runner: Runner, instances: int) -> None:
         self.policy = policy
         self._runner = runner
-        self._instances = instances
+        self._free: list[int] = list(range(instances))
         self._queues: list[deque[QueuedRequest]] = [deque() for _ in range(max(1, policy.priority_levels))]
         self._size = 0
         self._inflight = 0
+        self._inflight_items = 0
         self._closed = False
+        self._overlap = 0.0
         self._gap: float | None = None
         self._last_arrival: float | None = None
-        self._workers: list[asyncio.Task[None]] = []
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
         # asyncio objects are made in start(), inside the running loop
         self._wakeup: asyncio.Event
-        self._form_lock: asyncio.Lock
         self._drained: asyncio.Event
 
     @property
@@ -130,19 +144,33 @@ class Batcher:
     def inflight(self) -> int:
         return self._inflight
 
+    def pending(self) -> int:
+        """Requests accepted and not yet answered: queued plus running."""
+        return self._size + self._inflight_items
+
     async def start(self) -> None:
         self._wakeup = asyncio.Event()
-        self._form_lock = asyncio.Lock()
         self._drained = asyncio.Event()
         self._drained.set()
-        self._workers = [
-            asyncio.create_task(self._worker(i), name=f"batcher-{self.policy.label}-{i}")
-            for i in range(self._instances)
-        ]
+        self._dispatcher = asyncio.create_task(self._dispatch_loop(), name=f"batcher-{self.policy.label}")
+
+    async def execute(self, item: QueuedRequest, timeout_s: float | None) -> dict[str, np.ndarray[Any, Any]]:
+        """Run a request and return its outputs (the fast path when an instance is idle)."""
+        self._admit(item)
+        if not self._size and self._free and self._wait_until([item], item.enqueued) is None:
+            index = self._free.pop()
+            await self._run(index, self._take([item], item.enqueued))
+            return item.future.result()
+        self._enqueue(item, timeout_s)
+        return await item.future
 
     def submit(self, item: QueuedRequest, timeout_s: float | None) -> None:
         """Queue a request; its future resolves with the outputs. Raises at once when the
         queue is full or the batcher is closing."""
+        self._admit(item)
+        self._enqueue(item, timeout_s)
+
+    def _admit(self, item: QueuedRequest) -> None:
         if self._closed:
             raise ServerShuttingDownError(f"model {self.policy.label!r} is unloading or shutting down")
         limit = self.policy.max_queue_size
@@ -156,6 +184,10 @@ class Batcher:
             gap = now - self._last_arrival
             self._gap = gap if self._gap is None else self._gap + _GAP_ALPHA * (gap - self._gap)
         self._last_arrival = now
+        concurrent = 1.0 if self._size or self._inflight_items else 0.0
+        self._overlap += _GAP_ALPHA * (concurrent - self._overlap)
+
+    def _enqueue(self, item: QueuedRequest, timeout_s: float | None) -> None:
         if timeout_s is not None:
             loop = asyncio.get_running_loop()
             item.timer = loop.call_later(timeout_s, self._on_timeout, item, timeout_s)
@@ -180,37 +212,48 @@ class Batcher:
         )
         self._note_idle()
 
-    async def _worker(self, index: int) -> None:
-        while True:
-            batch = await self._next_batch()
-            self._inflight += 1
-            try:
-                await self._runner(batch, index)
-            finally:
-                self._inflight -= 1
-                self._note_idle()
+    async def _run(self, index: int, batch: list[QueuedRequest]) -> None:
+        self._inflight += 1
+        self._inflight_items += len(batch)
+        self._drained.clear()
+        try:
+            await self._runner(batch, index)
+        finally:
+            self._inflight -= 1
+            self._inflight_items -= len(batch)
+            self._free.append(index)
+            if self._size:
+                self._wakeup.set()
+            self._note_idle()
 
     def _note_idle(self) -> None:
         if self._size == 0 and self._inflight == 0:
             self._drained.set()
 
+    async def _dispatch_loop(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            task = asyncio.create_task(self._run(self._free.pop(), batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
     async def _next_batch(self) -> list[QueuedRequest]:
-        async with self._form_lock:
-            while True:
-                if self._size == 0:
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
-                    continue
-                now = time.perf_counter()
-                batch = self._collect()
-                if not batch:
-                    continue
-                wait_until = self._wait_until(batch, now)
-                if wait_until is None:
-                    return self._take(batch, now)
+        """Wait for queued work and a free instance; return the batch to run."""
+        while True:
+            if not self._size or not self._free:
                 self._wakeup.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), wait_until - now)
+                await self._wakeup.wait()
+                continue
+            now = time.perf_counter()
+            batch = self._collect()
+            if not batch:
+                continue
+            wait_until = self._wait_until(batch, now)
+            if wait_until is None:
+                return self._take(batch, now)
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), wait_until - now)
 
     def _ordered(self) -> list[QueuedRequest]:
         """Queued requests in service order: priority, then fresh before expired, then FIFO."""
@@ -254,6 +297,8 @@ class Batcher:
         total = sum(it.batch_size for it in batch)
         if total >= p.target_batch() or total in p.preferred_batch_sizes:
             return None
+        if self._overlap < _MIN_OVERLAP:  # arrivals are sequential: nobody else is coming
+            return None
         limit = min(it.enqueued for it in batch) + p.max_queue_delay_s
         if now >= limit or self._gap is None or self._last_arrival is None:
             return None
@@ -276,12 +321,12 @@ class Batcher:
     async def close(self, drain: bool = True) -> None:
         """Stop taking requests; with ``drain``, finish every queued and running one first."""
         self._closed = True
-        if drain and self._workers:
+        if drain:
             await self._drained.wait()
-        for w in self._workers:
-            w.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
-        self._workers = []
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            await asyncio.gather(self._dispatcher, *self._running, return_exceptions=True)
+            self._dispatcher = None
         for q in self._queues:
             for it in q:
                 if not it.future.done():

@@ -23,7 +23,6 @@ from milliserve.errors import (
     RequestError,
     UnavailableError,
 )
-from milliserve.observability.metrics import Metrics
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
 from milliserve.repository.autocomplete import complete_config
@@ -103,7 +102,6 @@ class ModelRuntime:
         backends: list[Backend],
         info: BackendInfo,
         executor: Executor,
-        metrics: Metrics,
     ) -> None:
         self.config = config
         self.version = version
@@ -111,7 +109,6 @@ class ModelRuntime:
         self.label = f"{config.name}" if version == "1" else f"{config.name}:{version}"
         self._backends = backends
         self._executor = executor
-        self.stats = ModelStats(config.name, version, metrics.bind(config.name, version))
         self.io = ModelIO(
             label=config.name,
             inputs={t.name: t.spec() for t in config.input},
@@ -122,6 +119,8 @@ class ModelRuntime:
         self._output_names = [t.name for t in config.output]
         self.policy = _policy(config, config.name)
         self.batcher = Batcher(self.policy, self._run_batch, len(backends))
+        self._workers = [executor.worker(f"{config.name}:{version}:{i}") for i in range(len(backends))]
+        self.stats = ModelStats(config.name, version, pending=self.batcher.pending)
 
     # ---- loading ----
     @classmethod
@@ -132,7 +131,6 @@ class ModelRuntime:
         version: str,
         version_dir: Path,
         executor: Executor,
-        metrics: Metrics,
     ) -> ModelRuntime:
         """Create the instances, complete the config, warm up. Raises ConfigError or BackendError."""
         model_path = version_dir / MODEL_FILENAME
@@ -148,7 +146,7 @@ class ModelRuntime:
             backends.append(await executor.run_load(OnnxRuntimeBackend, model_path, options))
         info = backends[0].info()
         final = complete_config(config, name, info, where)
-        runtime = cls(final, version, backends, info, executor, metrics)
+        runtime = cls(final, version, backends, info, executor)
         load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         await runtime._warmup()
@@ -185,6 +183,8 @@ class ModelRuntime:
     async def close(self) -> None:
         """Finish queued and running requests, then release the instances."""
         await self.batcher.close(drain=True)
+        for w in self._workers:
+            w.close()
         for b in self._backends:
             b.close()
 
@@ -192,8 +192,6 @@ class ModelRuntime:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, queue and answer one request."""
         t0 = time.perf_counter_ns()
-        pending = self.stats.metrics.pending
-        pending.inc()
         try:
             batch_size, signature = validate_request(request, self.io)
             params = request.parameters
@@ -203,13 +201,10 @@ class ModelRuntime:
             item = QueuedRequest(
                 {t.name: t.data for t in request.inputs}, batch_size, signature, future, priority
             )
-            self.batcher.submit(item, timeout_s)
-            outputs = await future
+            outputs = await self.batcher.execute(item, timeout_s)
         except (MilliserveError, asyncio.CancelledError) as exc:
             self.stats.record_request(time.perf_counter_ns() - t0, _failure_reason(exc))
             raise
-        finally:
-            pending.dec()
         wanted = [o.name for o in request.outputs] if request.outputs else self._output_names
         specs = self.io.outputs
         response = InferResponse(
@@ -245,7 +240,7 @@ class ModelRuntime:
 
     async def _run_batch(self, batch: list[QueuedRequest], index: int) -> None:
         try:
-            per_item, in_ns, infer_ns, out_ns = await self._executor.run(
+            per_item, in_ns, infer_ns, out_ns = await self._workers[index].run(
                 self._execute, self._backends[index], batch
             )
         except (BackendError, InvalidInputError) as exc:

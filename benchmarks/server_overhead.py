@@ -1,0 +1,272 @@
+"""Front-end overhead of milliserve against the minimal FastAPI baseline, and the HTTP
+stack candidates, on the example fraud_mlp. Writes docs/benchmarks.md.
+
+    python benchmarks/server_overhead.py [--rounds 3] [--seconds 4]
+
+Every server runs at once; wrk (Debian package ``wrk``) drives them in turn,
+interleaved round by round (A B C ... A B C ...), and the table gives the median
+of the rounds. wrk shares the 2 cores with the server under test, as the servers
+share them with each other's idle loops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import orjson
+
+from milliserve.examples.fraud_mlp import FEATURES, build_fraud_mlp
+from milliserve.testing import ServerProcess, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = Path(__file__).resolve().parent / "apps"
+URL_PATH = "/v2/models/fraud_mlp/infer"
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclass
+class WrkResult:
+    p50_us: float
+    p90_us: float
+    p99_us: float
+    rps: float
+
+
+def _us(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
+
+
+def wrk(target: Target, connections: int, seconds: int, workdir: Path) -> WrkResult:
+    slug = re.sub(r"[^a-z0-9]+", "-", target.name.lower())
+    body_file = workdir / f"{slug}.body"
+    body_file.write_bytes(target.body)
+    script = workdir / f"{slug}.lua"
+    headers = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in target.headers.items())
+    script.write_text(
+        f'wrk.method = "POST"\nlocal f = io.open("{body_file}", "rb")\nwrk.body = f:read("*all")\nf:close()\n'
+        f"{headers}"
+    )
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            "--latency",
+            "-s",
+            str(script),
+            f"http://127.0.0.1:{target.port}{URL_PATH}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    dist = dict(re.findall(r"^\s+(50|90|99)%\s+(\S+)$", out, re.M))
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"{target.name}: errors during the run:\n{out}")
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    return WrkResult(_us(dist["50"]), _us(dist["90"]), _us(dist["99"]), rps)
+
+
+def wait_http(port: int, body: bytes, headers: dict[str, str]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{URL_PATH}", body, headers)
+            with urllib.request.urlopen(req, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"no server on port {port}")
+
+
+@contextmanager
+def process(cmd: list[str], cwd: Path | None = None) -> Iterator[None]:
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def raw_onnxruntime(model: Path) -> dict[str, float]:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    s = ort.InferenceSession(str(model), so)
+    out: dict[str, float] = {}
+    for batch in (1, 32):
+        x = np.random.default_rng(0).normal(size=(batch, FEATURES)).astype(np.float32)
+        for _ in range(200):
+            s.run(None, {"features": x})
+        samples = []
+        for _ in range(5000):
+            t0 = time.perf_counter()
+            s.run(None, {"features": x})
+            samples.append(time.perf_counter() - t0)
+        out[f"b{batch}_p50"] = float(np.percentile(samples, 50) * 1e6)
+        out[f"b{batch}_p99"] = float(np.percentile(samples, 99) * 1e6)
+    return out
+
+
+def cpu_description() -> str:
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = re.search(r"Model name:\s+(.*)", lscpu)
+    flags = re.search(r"Flags:\s+(.*)", lscpu)
+    wanted = [
+        f
+        for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")
+        if flags and f in flags.group(1).split()
+    ]
+    name = model.group(1) if model else platform.processor()
+    return f"{name}, {os.cpu_count()} vCPU, flags: {' '.join(wanted)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=4)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="ms-bench-"))
+    repo = work / "repo"
+    build_fraud_mlp(repo)
+    model = repo / "fraud_mlp" / "1" / "model.onnx"
+    x = np.random.default_rng(1).normal(size=(1, FEATURES)).astype(np.float32)
+    json_body = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "features",
+                    "shape": [1, FEATURES],
+                    "datatype": "FP32",
+                    "data": x.reshape(-1).tolist(),
+                }
+            ]
+        }
+    )
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "features",
+                    "shape": [1, FEATURES],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+        }
+    )
+    json_h = {"Content-Type": "application/json"}
+    bin_h = {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
+
+    print("raw onnxruntime ...", flush=True)
+    raw = raw_onnxruntime(model)
+    targets: list[Target] = []
+    with ExitStack() as stack:
+        ms = stack.enter_context(ServerProcess(repo))
+        targets.append(Target("milliserve (JSON)", ms.http_port, json_body, json_h))
+        targets.append(Target("milliserve (binary)", ms.http_port, header + x.tobytes(), bin_h))
+        base_port = free_port()
+        stack.enter_context(
+            process([sys.executable, str(APPS / "fastapi_baseline.py"), str(model), str(base_port)])
+        )
+        targets.append(Target("FastAPI + uvicorn baseline", base_port, json_body, json_h))
+        for stack_name in ("raw-uvicorn", "starlette-uvicorn", "raw-granian"):
+            port = free_port()
+            stack.enter_context(
+                process(
+                    [sys.executable, str(APPS / "stack_probe.py"), stack_name, str(model), str(port)],
+                    cwd=APPS,
+                )
+            )
+            targets.append(Target(f"stack probe: {stack_name}", port, json_body, json_h))
+        for t in targets:
+            wait_http(t.port, t.body, t.headers)
+        results: dict[str, dict[int, list[WrkResult]]] = {t.name: {1: [], 8: []} for t in targets}
+        for r in range(args.rounds):
+            for conns in (1, 8):
+                for t in targets:  # interleaved: every target once per round and concurrency
+                    print(f"round {r + 1}/{args.rounds} c{conns} {t.name}", flush=True)
+                    results[t.name][conns].append(wrk(t, conns, args.seconds, work))
+
+    def med(name: str, conns: int, field: str) -> float:
+        return statistics.median(getattr(w, field) for w in results[name][conns])
+
+    base = "FastAPI + uvicorn baseline"
+    lines = [
+        "# Benchmarks",
+        "",
+        "Numbers from `python benchmarks/server_overhead.py` "
+        f"({args.rounds} interleaved rounds of {args.seconds:g} s per target and concurrency; medians).",
+        "",
+        f"- **Machine:** {cpu_description()}; Python {platform.python_version()}, "
+        f"onnxruntime {ort.__version__}.",
+        "- **Threads:** every server runs ONNX Runtime with `intra_op_num_threads=1`; milliserve runs "
+        "`fraud_mlp` with its example config (dynamic batching, preferred 8/16, 200 µs max delay, "
+        "metrics on).",
+        "- **Load generator:** `wrk -t1` on the same 2 cores as the servers (they compete for CPU). "
+        "Sequential = 1 connection; throughput = 8 connections.",
+        "- **Payload:** one transaction, 64 FP32 features, OIP JSON (and the binary tensor extension for "
+        "milliserve (binary)).",
+        "",
+        "## Raw ONNX Runtime, in process (fraud_mlp, 1 thread)",
+        "",
+        "| batch | p50 µs | p99 µs |",
+        "|---|---|---|",
+        f"| 1 | {raw['b1_p50']:.1f} | {raw['b1_p99']:.1f} |",
+        f"| 32 | {raw['b32_p50']:.1f} | {raw['b32_p99']:.1f} |",
+        "",
+        "## HTTP front end: milliserve against the FastAPI baseline",
+        "",
+        "| server | seq p50 µs | seq p90 µs | seq p99 µs | seq req/s | 8 conn req/s | p50 vs baseline "
+        "| 8-conn throughput vs baseline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for t in targets:
+        p50 = med(t.name, 1, "p50_us")
+        lines.append(
+            f"| {t.name} | {p50:.0f} | {med(t.name, 1, 'p90_us'):.0f} | {med(t.name, 1, 'p99_us'):.0f} | "
+            f"{med(t.name, 1, 'rps'):.0f} | {med(t.name, 8, 'rps'):.0f} | "
+            f"{p50 / med(base, 1, 'p50_us'):.2f}× | {med(t.name, 8, 'rps') / med(base, 8, 'rps'):.2f}× |"
+        )
+    lines += [
+        "",
+        "Target (issue 2): milliserve's sequential p50 ≤ 1.0× the baseline's and its 8-connection "
+        "throughput ≥ 1.0×, with batching and metrics on. The stack probes serve the same route with "
+        "the model called inline and nothing else, to choose the HTTP stack by measurement.",
+        "",
+    ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
