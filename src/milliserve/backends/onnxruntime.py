@@ -9,12 +9,12 @@ Config ``parameters`` understood here (all values are strings, as in Triton):
 ``execution_providers``       comma list of ``cpu``, ``cuda``, ``tensorrt``, ``openvino``
 ``allow_spinning``            ``0``/``1``: let idle ORT threads spin (default 0: under
                               contention on small machines spinning inflates p99)
-``allow_nonfinite_inputs``    ``true`` to accept NaN/Inf in float inputs (default false)
 ============================  =========================================================
 
-A provider that is requested but not built into the installed onnxruntime is
-skipped with a note (visible in logs and model metadata), and the model runs on
-the providers that remain, CPU last.
+The runtime's own parameters (``allow_nonfinite_inputs``, ``inline_execution``,
+see docs/configuration.md) are accepted too. A provider that is requested but
+not built into the installed onnxruntime is skipped with a warning in the log,
+and the model runs on the providers that remain, CPU last.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from milliserve.backends.base import BackendInfo
-from milliserve.config.model_config import ModelConfig
+from milliserve.config.model_config import RUNTIME_PARAMETERS, ModelConfig
 from milliserve.errors import BackendError, ConfigError, InvalidInputError
 from milliserve.protocol.datatypes import BYTES
 from milliserve.protocol.types import TensorSpec
@@ -67,7 +67,6 @@ KNOWN_PARAMETERS = frozenset(
         "graph_optimization_level",
         "execution_providers",
         "allow_spinning",
-        "allow_nonfinite_inputs",
     }
 )
 
@@ -97,11 +96,10 @@ def _int_param(params: dict[str, str], key: str, default: int) -> int:
 def parse_ort_options(config: ModelConfig) -> OrtOptions:
     """Read ONNX Runtime options from a model config. Raises ConfigError naming the parameter."""
     params = config.parameters
-    unknown = sorted(set(params) - KNOWN_PARAMETERS)
+    unknown = sorted(set(params) - KNOWN_PARAMETERS - RUNTIME_PARAMETERS)
     if unknown:
-        raise ConfigError(
-            f"unknown parameters {unknown}; the onnxruntime backend knows {sorted(KNOWN_PARAMETERS)}"
-        )
+        known = sorted(KNOWN_PARAMETERS | RUNTIME_PARAMETERS)
+        raise ConfigError(f"unknown parameters {unknown}; the onnxruntime backend knows {known}")
     cores = os.cpu_count() or 1
     intra = _int_param(params, "intra_op_thread_count", max(1, cores // config.instance_count))
     inter = _int_param(params, "inter_op_thread_count", 1)

@@ -20,18 +20,22 @@ from milliserve.protocol.proto import oip_pb2
 from milliserve.protocol.types import TensorSpec
 
 __all__ = [
+    "RUNTIME_PARAMETERS",
     "DynamicBatching",
     "InstanceGroup",
     "ModelConfig",
     "QueuePolicy",
     "VersionPolicy",
     "WarmupSpec",
+    "config_path",
     "config_to_dict",
     "config_to_proto",
     "load_model_config",
 ]
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.pbtxt")
+# ``parameters`` that the runtime reads, whatever the backend (backends accept these too).
+RUNTIME_PARAMETERS = frozenset({"allow_nonfinite_inputs", "inline_execution"})
 SUPPORTED_PLATFORMS = ("", "onnxruntime_onnx")
 SUPPORTED_BACKENDS = ("", "onnxruntime")
 
@@ -229,6 +233,13 @@ class ModelConfig(_Strict):
     def output_specs(self) -> tuple[TensorSpec, ...]:
         return tuple(t.spec() for t in self.output)
 
+    def flag(self, key: str) -> bool:
+        """A boolean entry of ``parameters`` (``true``/``1``); ConfigError for anything else."""
+        raw = self.parameters.get(key, "false").lower()
+        if raw not in ("true", "false", "1", "0"):
+            raise ConfigError(f"parameter {key!r} must be true or false, got {raw!r}")
+        return raw in ("true", "1")
+
 
 def _format_validation(path: Path, exc: ValidationError) -> str:
     lines = []
@@ -266,6 +277,11 @@ def _parse_pbtxt(path: Path, text: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: {detail}") from None
     data: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
     return data
+
+
+def config_path(model_dir: Path) -> Path:
+    """The model's config file, or the model directory when it has none (for error messages)."""
+    return next((model_dir / n for n in CONFIG_FILES if (model_dir / n).is_file()), model_dir)
 
 
 def load_model_config(model_dir: Path) -> ModelConfig | None:
