@@ -356,3 +356,31 @@ def test_reloading_a_new_version_under_traffic_fails_no_request(
             assert (await c.post("/v2/models/add_sub/infer", json=infer_body(a, a))).status_code == 503
 
     run(main())
+
+
+def test_model_parameters_are_checked_and_inline_execution_serves(
+    tmp_path: Path, write_add_sub: Callable[..., Path], run: Any
+) -> None:
+    param = 'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}'
+    write_add_sub(
+        tmp_path,
+        name="inline",
+        config=BATCHING.replace("add_sub", "inline") + param.format(k="inline_execution", v="true"),
+    )
+    write_add_sub(tmp_path, name="bad_flag", config=param.format(k="inline_execution", v="maybe"))
+    write_add_sub(tmp_path, name="typo", config=param.format(k="intra_op_threads", v="1"))
+
+    async def main() -> None:
+        async with client(tmp_path) as (c, _):
+            a = np.ones((2, 3), np.float32)
+            np.testing.assert_allclose(
+                outputs(await c.post("/v2/models/inline/infer", json=infer_body(a, a)))["OUTPUT0"], 2 * a
+            )
+            index = {row["name"]: row for row in (await c.post("/v2/repository/index")).json()}
+            assert (
+                "config.pbtxt" in index["bad_flag"]["reason"]
+                and "'inline_execution' must be true or false" in index["bad_flag"]["reason"]
+            )
+            assert "unknown parameters ['intra_op_threads']" in index["typo"]["reason"]
+
+    run(main())
