@@ -1,14 +1,18 @@
-"""Shared fixtures: tiny ONNX models written on the fly, and the example repository."""
+"""Shared fixtures: tiny ONNX models written on the fly, the example repository,
+and the catalogue of bad requests that every front-end test replays."""
 
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+import orjson
 import pytest
 from onnx import TensorProto, helper
 
@@ -30,7 +34,7 @@ def _save(
     return model_dir
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def write_add_sub() -> ModelWriter:
     """``add_sub``: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (FP32, [batch, n]).
 
@@ -61,7 +65,7 @@ def write_add_sub() -> ModelWriter:
     return write
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def write_identity_bytes() -> ModelWriter:
     """``strings``: a BYTES identity model ([batch, 1] in and out)."""
 
@@ -77,7 +81,7 @@ def write_identity_bytes() -> ModelWriter:
     return write
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def write_slow() -> ModelWriter:
     """``slow``: ``steps`` chained 256x256 matmuls over X [batch, 256, 256]; each request takes
     a few tens of milliseconds on one thread, enough to fill a queue or be in flight at SIGTERM."""
@@ -110,3 +114,91 @@ def example_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run() -> Callable[[Coroutine[Any, Any, Any]], Any]:
     """Run a coroutine to completion in a fresh event loop."""
     return asyncio.run
+
+
+@dataclass(frozen=True)
+class BadRequest:
+    """A request the server must answer with ``status`` and an error containing ``message``.
+
+    Targets the ``add_sub`` and ``strings`` fixture models."""
+
+    case: str
+    model: str
+    body: bytes
+    status: int
+    message: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _binary(inputs: list[dict[str, Any]], payload: bytes) -> tuple[bytes, dict[str, str]]:
+    header = orjson.dumps({"inputs": inputs})
+    return header + payload, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def _two(dtype0: str, shape0: list[int]) -> bytes:
+    return orjson.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "shape": shape0, "datatype": dtype0, "data": [1] * shape0[-1] * shape0[0]},
+                {"name": "INPUT1", "shape": [1, 1], "datatype": "FP32", "data": [1.0]},
+            ]
+        }
+    )
+
+
+_truncated = _binary(
+    [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}],
+    b"\0" * 3,
+)
+_bad_prefix = _binary(
+    [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "parameters": {"binary_data_size": 7}}],
+    struct.pack("<I", 50) + b"abc",
+)
+BAD_REQUESTS = [
+    BadRequest("malformed JSON", "add_sub", b'{"inputs": [', 400, "not valid JSON"),
+    BadRequest(
+        "wrong datatype",
+        "add_sub",
+        _two("INT32", [1, 1]),
+        400,
+        "input 'INPUT0' has datatype INT32 but model 'add_sub' expects FP32",
+    ),
+    BadRequest(
+        "wrong shape",
+        "add_sub",
+        _two("FP32", [1, 1, 1]),
+        400,
+        "input 'INPUT0' has shape [1, 1, 1] but model 'add_sub' expects [-1, -1]",
+    ),
+    BadRequest(
+        "missing input",
+        "add_sub",
+        orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}),
+        400,
+        "needs inputs ['INPUT1']",
+    ),
+    BadRequest(
+        "unknown input",
+        "add_sub",
+        orjson.dumps({"inputs": [{"name": "INPUT9", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}),
+        400,
+        "input 'INPUT9' is not an input of model 'add_sub'",
+    ),
+    BadRequest(
+        "NaN in data",
+        "add_sub",
+        b'{"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [NaN]}]}',
+        400,
+        "not valid JSON",
+    ),
+    BadRequest("unknown model", "nope", b'{"inputs": []}', 404, "unknown model 'nope'"),
+    BadRequest("unknown version", "add_sub/versions/9", _two("FP32", [1, 1]), 404, "no version '9'"),
+    BadRequest("truncated binary", "add_sub", _truncated[0], 400, "truncated", _truncated[1]),
+    BadRequest("bad BYTES prefix", "strings", _bad_prefix[0], 400, "declares length 50", _bad_prefix[1]),
+    BadRequest("body over the limit", "add_sub", b"x" * (2 << 20), 413, "over the limit"),
+]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "bad_request" in metafunc.fixturenames:
+        metafunc.parametrize("bad_request", BAD_REQUESTS, ids=[b.case for b in BAD_REQUESTS])

@@ -185,3 +185,18 @@ def test_bad_bytes_length_prefix_is_reported() -> None:
     )
     with pytest.raises(MalformedRequestError, match="declares length 100"):
         decode_infer_request(header + payload, len(header), "m", "")
+
+
+def test_bf16_binary_in_and_json_out() -> None:
+    import ml_dtypes
+
+    x = np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16)
+    header = orjson.dumps(
+        {"inputs": [{"name": "b", "shape": [2], "datatype": "BF16", "parameters": {"binary_data_size": 4}}]}
+    )
+    req = decode_infer_request(header + x.tobytes(), len(header), "m", "")
+    assert req.inputs[0].data.dtype == x.dtype
+    out, hlen = encode_infer_response(
+        InferResponse("m", "1", [InferTensor("b", "BF16", (2,), req.inputs[0].data)]), req
+    )
+    assert hlen is None and orjson.loads(out)["outputs"][0]["data"] == [1.5, -2.0]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -11,7 +10,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import orjson
 import pytest
 
 from milliserve.server.app import Server
@@ -118,128 +116,24 @@ def test_one_malformed_request_never_fails_its_neighbours(repo: Path, run: Any) 
     run(main())
 
 
-def _bytes_body() -> tuple[bytes, dict[str, str]]:
-    payload = struct.pack("<I", 50) + b"abc"
-    header = orjson.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "TEXT",
-                    "shape": [1, 1],
-                    "datatype": "BYTES",
-                    "parameters": {"binary_data_size": len(payload)},
-                }
-            ]
-        }
-    )
-    return header + payload, {"Inference-Header-Content-Length": str(len(header))}
-
-
-BAD_REQUESTS: list[tuple[str, str, Any, dict[str, str], int, str]] = [
-    ("malformed JSON", "add_sub", b'{"inputs": [', {}, 400, "not valid JSON"),
-    (
-        "wrong datatype",
-        "add_sub",
-        {
-            "inputs": [
-                {"name": "INPUT0", "shape": [1, 1], "datatype": "INT32", "data": [1]},
-                {"name": "INPUT1", "shape": [1, 1], "datatype": "FP32", "data": [1.0]},
-            ]
-        },
-        {},
-        400,
-        "input 'INPUT0' has datatype INT32 but model 'add_sub' expects FP32",
-    ),
-    (
-        "wrong shape",
-        "add_sub",
-        {
-            "inputs": [
-                {"name": "INPUT0", "shape": [1, 1, 1], "datatype": "FP32", "data": [1.0]},
-                {"name": "INPUT1", "shape": [1, 1], "datatype": "FP32", "data": [1.0]},
-            ]
-        },
-        {},
-        400,
-        r"input 'INPUT0' has shape [1, 1, 1] but model 'add_sub' expects [-1, -1]",
-    ),
-    (
-        "missing input",
-        "add_sub",
-        {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
-        {},
-        400,
-        "needs inputs ['INPUT1']",
-    ),
-    (
-        "unknown input",
-        "add_sub",
-        {"inputs": [{"name": "INPUT9", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
-        {},
-        400,
-        "input 'INPUT9' is not an input of model 'add_sub'",
-    ),
-    (
-        "NaN in data",
-        "add_sub",
-        b'{"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [NaN]}]}',
-        {},
-        400,
-        "not valid JSON",
-    ),
-    ("unknown model", "nope", {"inputs": []}, {}, 404, "unknown model 'nope'"),
-    (
-        "truncated binary",
-        "add_sub",
-        orjson.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "INPUT0",
-                        "shape": [1, 4],
-                        "datatype": "FP32",
-                        "parameters": {"binary_data_size": 16},
-                    }
-                ]
-            }
-        )
-        + b"\x00" * 3,
-        {"Inference-Header-Content-Length": "0"},
-        400,
-        "truncated",
-    ),
-    ("bad BYTES prefix", "strings", *_bytes_body(), 400, "declares length 50"),
-    ("body over the limit", "add_sub", b"x" * (2 << 20), {}, 413, "over the limit"),
-]
-
-
-@pytest.mark.parametrize(
-    ("case", "model", "body", "headers", "status", "message"), BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS]
-)
 def test_bad_input_gets_a_named_4xx_and_the_server_keeps_serving(
     tmp_path: Path,
     write_add_sub: Callable[..., Path],
     write_identity_bytes: Callable[..., Path],
     run: Any,
-    case: str,
-    model: str,
-    body: Any,
-    headers: dict[str, str],
-    status: int,
-    message: str,
+    bad_request: Any,
 ) -> None:
+    """Cases come from tests/conftest.py (BAD_REQUESTS), shared with the real-server test."""
     write_add_sub(tmp_path, config=BATCHING)
     write_identity_bytes(tmp_path)
-    if case == "truncated binary":
-        header_len = len(body) - 3
-        headers = {"Inference-Header-Content-Length": str(header_len)}
 
     async def main() -> None:
         async with client(tmp_path) as (c, _):
-            kw = {"json": body} if isinstance(body, dict) else {"content": body}
-            r = await c.post(f"/v2/models/{model}/infer", headers=headers, **kw)
-            assert r.status_code == status, r.text
-            assert message in r.json()["error"]
+            r = await c.post(
+                f"/v2/models/{bad_request.model}/infer", headers=bad_request.headers, content=bad_request.body
+            )
+            assert r.status_code == bad_request.status, r.text
+            assert bad_request.message in r.json()["error"]
             a = np.ones((1, 2), np.float32)
             assert (await c.post("/v2/models/add_sub/infer", json=infer_body(a, a))).status_code == 200
 
