@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,3 +16,12 @@ def server(example_repo: Path) -> Iterator[ServerProcess]:
     """The example repository served with default settings."""
     with ServerProcess(example_repo) as proc:
         yield proc
+
+
+@pytest.fixture(autouse=True)
+def collect_clients_on_the_main_thread() -> Iterator[None]:
+    """tritonclient.http's client closes its gevent pool in ``__del__``; if the garbage
+    collector happens to run that on another thread (a test's thread pool), gevent raises.
+    Collecting after each test keeps it on the main thread."""
+    yield
+    gc.collect()
