@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     # Seconds to finish in-flight requests after SIGTERM before giving up.
     shutdown_grace_s: float = Field(30.0, ge=0)
+    # "auto": keep the event loop on one CPU and run microsecond models' workers beside it
+    # (Linux); "off": leave thread placement to the OS.
+    cpu_affinity: Literal["auto", "off"] = "auto"
 
 
 def hf_offline_env() -> dict[str, str]:

@@ -27,7 +27,7 @@ from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
 from milliserve.repository.autocomplete import complete_config
 from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
-from milliserve.runtime.executor import Executor
+from milliserve.runtime.executor import Executor, InstanceWorker
 from milliserve.runtime.stats import ModelStats
 from milliserve.runtime.validation import ModelIO, validate_request
 
@@ -35,6 +35,8 @@ __all__ = ["MODEL_FILENAME", "ModelRuntime"]
 
 log = logging.getLogger(__name__)
 MODEL_FILENAME = "model.onnx"
+# Models faster than this (single-threaded) share the event loop's CPU.
+COLOCATE_BELOW_S = 100e-6
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
@@ -122,7 +124,8 @@ class ModelRuntime:
         self._inline = config.flag("inline_execution")
         self.policy = _policy(config, config.name)
         self.batcher = Batcher(self.policy, self._run_batch, len(backends))
-        self._workers = [executor.worker(f"{config.name}:{version}:{i}") for i in range(len(backends))]
+        self._workers: list[InstanceWorker] = []
+        self.colocated = False  # whether its workers share the event loop's CPU (set by load)
         self.stats = ModelStats(config.name, version, pending=self.batcher.pending)
 
     # ---- loading ----
@@ -158,24 +161,50 @@ class ModelRuntime:
             raise ConfigError(f"{where}: {exc}") from None
         load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        await runtime._warmup()
+        feeds = await runtime._warmup()
         runtime.stats.record_load(load_s, time.perf_counter() - t1)
+        # A model that runs in microseconds on one thread shares the event loop's CPU: the
+        # hand-off to its worker then needs no cross-CPU wake-up (see docs/design.md).
+        compute_s = await runtime._probe_compute(feeds) if feeds is not None else None
+        colocate = compute_s is not None and compute_s < COLOCATE_BELOW_S and options.intra_op_threads == 1
+        runtime.colocated = colocate and executor.loop_cpu is not None
+        runtime._workers = [executor.worker(f"{name}:{version}:{i}", colocate=colocate) for i in range(count)]
         await runtime.batcher.start()
         log.info(
-            "loaded %s version %s in %.3fs (warmup %.3fs, %d instance(s))",
+            "loaded %s version %s in %.3fs (warmup %.3fs, %d instance(s), compute %s%s)",
             name,
             version,
             load_s,
             runtime.stats.warmup_s,
             count,
+            "unknown" if compute_s is None else f"{compute_s * 1e6:.0f} µs",
+            ", sharing the event loop's CPU" if runtime.colocated else "",
         )
         return runtime
 
-    async def _warmup(self) -> None:
+    async def _probe_compute(self, feeds: Arrays) -> float | None:
+        """The fastest of a few runs of the warmup inputs (None when the model is slow)."""
+        backend, outputs = self._backends[0], self._output_names
+
+        def fastest() -> float:
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                backend.run(feeds, outputs)
+                best = min(best, time.perf_counter() - t0)
+                if best > COLOCATE_BELOW_S * 10:  # clearly not a microsecond model
+                    break
+            return best
+
+        return await self._executor.run_load(fastest)
+
+    async def _warmup(self) -> Arrays | None:
+        """Run the warmup requests; returns inputs that ran, or None when none did."""
         explicit = bool(self.config.model_warmup)
         specs = self.config.model_warmup or (_default_warmup(self.config),)
         rng = np.random.default_rng(0)
         batching = self.config.max_batch_size > 0
+        first: Arrays | None = None
         for spec in specs:
             feeds = _warmup_inputs(spec, batching, rng)
             for backend in self._backends:
@@ -187,7 +216,10 @@ class ModelRuntime:
                             raise BackendError(f"warmup {spec.name!r} failed: {exc}") from exc
                         # zeros are not valid input for every model; the automatic warmup is a courtesy
                         log.warning("automatic warmup of %s skipped: %s", self.label, exc)
-                        return
+                        return None
+            if first is None:
+                first = feeds
+        return first
 
     async def close(self) -> None:
         """Finish queued and running requests, then release the instances."""

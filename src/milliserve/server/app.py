@@ -49,7 +49,7 @@ class Server:
             raise ConfigError("no model repository given (milliserve serve MODEL_REPOSITORY)")
         self.settings = settings
         self.prometheus_registry = prometheus_registry or CollectorRegistry()
-        self.executor = Executor()
+        self.executor = Executor(cpu_affinity=settings.cpu_affinity == "auto")
         self.registry = ModelRegistry(Repository(settings.model_repository), self.executor)
         self.metrics = Metrics(
             self.prometheus_registry, lambda: (rt.stats for rt in self.registry.all_ready())
@@ -107,6 +107,8 @@ class Server:
             s.grpc.port if s.grpc.enabled else "off",
             s.metrics.port if s.metrics.enabled else "off",
         )
+        # after the listeners: gRPC's own threads keep every CPU, only the loop thread is placed
+        self.executor.pin_event_loop()
         if s.model_control_mode == "none":
             await self.registry.load_all()
         elif s.load_models:
@@ -131,6 +133,7 @@ class Server:
         await asyncio.gather(*waits, return_exceptions=True)
         await self.registry.close()
         self.executor.shutdown()
+        self.executor.unpin_event_loop()
         if self._stopped is not None:
             self._stopped.set()
         log.info("stopped")
