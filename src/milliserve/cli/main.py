@@ -82,6 +82,73 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _levels(text: str, kind: type) -> list:  # type: ignore[type-arg]
+    """``1,2,4`` or a range ``1:16:2`` (start:stop:multiplier for concurrency, step for rates)."""
+    try:
+        if ":" in text:
+            start, stop, step = (kind(x) for x in (text.split(":") + ["2"])[:3])
+            out, v = [], start
+            while v <= stop:
+                out.append(v)
+                v = v * step if kind is int else v + step
+            return out
+        return [kind(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,2,4 or a range like 1:16") from None
+
+
+def _shape(text: str) -> tuple[str, list[int]]:
+    name, _, dims = text.partition(":")
+    try:
+        return name, [int(d) for d in dims.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape {text!r} must look like NAME:16 or NAME:3,224,224") from None
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from milliserve.bench.report import print_report, write_csv, write_json
+    from milliserve.bench.runner import BenchConfig, run_bench
+
+    cfg = BenchConfig(
+        url=args.url, model=args.model, version=args.model_version or "",
+        concurrency=args.concurrency or [], rates=args.rate or [], poisson=not args.constant,
+        duration_s=args.duration, warmup_s=args.warmup, stability_pct=args.stability,
+        window_s=args.window, batch=args.batch_size, data=args.data, shapes=dict(args.shape or []),
+        binary=not args.json_tensors, workers=args.workers, metrics_url=args.metrics_url,
+        compare_url=args.compare, rounds=args.rounds,
+    )
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=console, transient=True) as progress:
+        state: dict[str, int] = {}
+
+        def step(what: str, seconds: float) -> None:
+            # one bar per window, driven by rich's refresh thread from the planned length
+            if "task" in state:
+                progress.update(state["task"], completed=progress.tasks[-1].total)
+            state["task"] = progress.add_task(what, total=seconds)
+            progress.start_task(state["task"])
+
+        report = run_bench(cfg, step)
+    out = Console()
+    if not out.is_terminal:  # piped or captured: don't wrap the table at 80 columns
+        out = Console(width=180)
+    print_report(report, out)
+    if args.json:
+        write_json(report, args.json)
+    if args.csv:
+        write_csv(report, args.csv)
+    if args.plot:
+        from milliserve.bench.plots import write_plots
+
+        for path in write_plots(report, args.plot):
+            console.print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="milliserve", description="Real-time ML inference server.")
     parser.add_argument("--version", action="version", version=f"milliserve {__version__}")
@@ -115,6 +182,32 @@ def build_parser() -> argparse.ArgumentParser:
     eb.add_argument("dir", type=Path, nargs="?", default=DEFAULT_EXAMPLE_REPO)
     eb.add_argument("--only", action="append", metavar="NAME", help="fraud_mlp or minilm; repeatable")
     eb.set_defaults(func=_examples_build)
+
+    b = sub.add_parser("bench", help="measure latency and throughput of any OIP server")
+    b.add_argument("url", help="http://host:port or grpc://host:port")
+    b.add_argument("-m", "--model", required=True)
+    b.add_argument("--model-version", default="")
+    load = b.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=lambda t: _levels(t, int), help="closed loop: 1,2,4,8 or 1:8 (doubling)")
+    load.add_argument("--rate", type=lambda t: _levels(t, float), help="open loop requests/s: 100,200,400")
+    b.add_argument("--constant", action="store_true", help="constant arrivals instead of Poisson (open loop)")
+    b.add_argument("--duration", type=float, default=5.0, help="measured seconds per level (default 5)")
+    b.add_argument("--warmup", type=float, default=1.0, help="seconds not counted before each level (default 1)")
+    b.add_argument("--stability", type=float, default=None, metavar="PCT",
+                   help="run windows until 3 agree within PCT%% on throughput and p99 (like perf_analyzer -s)")
+    b.add_argument("--window", type=float, default=2.0, help="window seconds with --stability (default 2)")
+    b.add_argument("-b", "--batch-size", type=int, default=1)
+    b.add_argument("--shape", action="append", type=_shape, metavar="NAME:DIMS", help="dims of a variable input")
+    b.add_argument("--data", default="random", help="random, zero, or a JSON file of OIP request bodies")
+    b.add_argument("--json-tensors", action="store_true", help="HTTP: JSON tensors instead of binary")
+    b.add_argument("--workers", type=int, default=0, help="client processes (default: one per core, up to 4)")
+    b.add_argument("--metrics-url", default=None, help="server Prometheus endpoint, for queue/compute split")
+    b.add_argument("--compare", default=None, metavar="URL2", help="run URL2 too, A B A B, and print ratios")
+    b.add_argument("--rounds", type=int, default=3, help="rounds per target with --compare (default 3)")
+    b.add_argument("--json", type=Path, default=None, help="write the results as JSON")
+    b.add_argument("--csv", type=Path, default=None, help="write the results as CSV")
+    b.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")
+    b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="build the examples, serve them, call them with tritonclient")
     d.add_argument("--dir", type=Path, default=DEFAULT_EXAMPLE_REPO)

@@ -1,0 +1,120 @@
+"""Turn raw request records into the numbers a benchmark reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from hdrh.histogram import HdrHistogram
+
+from milliserve.bench.loadgen import CONNECT_ERROR, Records
+
+__all__ = ["LATE_SEND_S", "PERCENTILES", "LevelResult", "summarize"]
+
+PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+# A send that leaves more than this after its scheduled instant counts as late.
+LATE_SEND_S = 0.002
+
+
+@dataclass
+class LevelResult:
+    """One load level (a concurrency or a rate) after its warmup."""
+
+    mode: str
+    level: float
+    duration_s: float
+    requests: int
+    ok: int
+    throughput: float
+    latency_us: dict[str, float]
+    errors: dict[str, int]
+    late_sends: int
+    late_send_p99_ms: float
+    client_cpu_share: float
+    server: dict[str, float] | None = None
+    windows: int = 1
+    stable: bool = True
+    # for plots only (not serialised): schedule offset (s) and latency (µs) of each request
+    timeline: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = field(default=None, repr=False)
+    histogram: HdrHistogram | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        return f"concurrency {self.level:g}" if self.mode == "closed" else f"{self.level:g} req/s"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "level": self.level,
+            "duration_s": round(self.duration_s, 3),
+            "requests": self.requests,
+            "ok": self.ok,
+            "throughput": round(self.throughput, 2),
+            "latency_us": {k: round(v, 1) for k, v in self.latency_us.items()},
+            "errors": self.errors,
+            "late_sends": self.late_sends,
+            "late_send_p99_ms": round(self.late_send_p99_ms, 3),
+            "client_cpu_share": round(self.client_cpu_share, 3),
+            "server": self.server,
+            "windows": self.windows,
+            "stable": self.stable,
+        }
+
+
+def _error_key(status: int, messages: dict[int, str]) -> str:
+    if status == CONNECT_ERROR:
+        kind = "connection"
+    elif status >= 1000:
+        import grpc
+
+        code = next((c.name for c in grpc.StatusCode if c.value[0] == status - 1000), str(status - 1000))
+        kind = f"grpc {code}"
+    else:
+        kind = f"http {status}"
+    msg = messages.get(status, "")
+    return f"{kind}: {msg}" if msg else kind
+
+
+def summarize(mode: str, level: float, rec: Records, measure_from: float, measure_to: float, cores: int,
+              run_s: float, windows: int = 1, stable: bool = True) -> LevelResult:
+    """Summarise the requests scheduled in [measure_from, measure_to) (monotonic instants).
+
+    Latency runs from each request's scheduled instant, which in the open loop is
+    the corrected latency; in the closed loop the schedule is the send. ``run_s``
+    is the wall time the workers ran (warmup included), for their CPU share.
+    """
+    keep = (rec.intended >= measure_from) & (rec.intended < measure_to)
+    intended, sent, done, status = rec.intended[keep], rec.sent[keep], rec.done[keep], rec.status[keep]
+    latency_us = np.maximum((done - intended) * 1e6, 1.0)
+    ok = status == 200
+    hist = HdrHistogram(1, 3_600_000_000, 3)
+    for v in latency_us[ok]:
+        hist.record_value(int(v))
+    window = measure_to - measure_from
+    pct = {f"p{p:g}": float(hist.get_value_at_percentile(p)) for p in PERCENTILES} if ok.any() else {}
+    if ok.any():
+        pct["max"] = float(hist.get_max_value())
+        pct["mean"] = float(hist.get_mean_value())
+    errors: dict[str, int] = {}
+    for s in status[~ok]:
+        key = _error_key(int(s), rec.messages)
+        errors[key] = errors.get(key, 0) + 1
+    lateness = sent - intended
+    return LevelResult(
+        mode=mode,
+        level=level,
+        duration_s=window,
+        requests=int(keep.sum()),
+        ok=int(ok.sum()),
+        throughput=float(ok.sum() / window) if window > 0 else 0.0,
+        latency_us=pct,
+        errors=errors,
+        late_sends=int((lateness > LATE_SEND_S).sum()),
+        late_send_p99_ms=float(np.percentile(lateness, 99) * 1e3) if lateness.size else 0.0,
+        client_cpu_share=rec.cpu_s / (run_s * cores) if run_s > 0 else 0.0,
+        windows=windows,
+        stable=stable,
+        timeline=(intended - measure_from, latency_us),
+        histogram=hist,
+    )
