@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -59,13 +60,12 @@ class _Handler(asyncio.Protocol):
         self.b = behaviour
         self.state = state
         self.buf = b""
-        self.transport: asyncio.Transport | None = None
+        self.transport: Any = None
         self.queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # uvloop's transports are not asyncio.Transport subclasses
         self.task = asyncio.get_running_loop().create_task(self._serve())
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -24,7 +25,6 @@ from milliserve.bench.workload import Workload
 __all__ = ["Job", "Records", "WorkerPool"]
 
 CONNECT_ERROR = -1
-_SPIN_S = 0.0012
 
 
 @dataclass(frozen=True)
@@ -175,26 +175,38 @@ async def _closed(s: _Sender, job: Job) -> None:
 
 
 async def _open(s: _Sender, job: Job) -> None:
+    """Send at the scheduled instants. Event-loop timers have millisecond resolution, so a
+    small thread sleeps to each instant with nanosleep (microsecond precision, no busy
+    wait) and hands the send to the loop; what lateness remains is recorded."""
     rng = np.random.default_rng(job.seed)
     n = int(job.level * job.duration_s) + 1
     gaps = rng.exponential(1 / job.level, n) if job.poisson else np.full(n, 1 / job.level)
     instants = job.start_at + np.cumsum(gaps) - gaps[0]
-    tasks: set[asyncio.Task[None]] = set()
     end = job.start_at + job.duration_s
-    for t in instants:
-        if t >= end:
-            break
-        # Event-loop timers have millisecond resolution: sleep to within a millisecond of
-        # the instant, then yield until it arrives, so sends are not routinely late.
-        delay = t - time.monotonic()
-        if delay > _SPIN_S:
-            await asyncio.sleep(delay - _SPIN_S)
-        while time.monotonic() < t:
-            await asyncio.sleep(0)
-        task = asyncio.create_task(s.send(float(t)))
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+    finished = asyncio.Event()
+
+    def fire(t: float) -> None:
+        task = loop.create_task(s.send(t))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-    if tasks:
+
+    def schedule() -> None:
+        for t in instants:
+            if t >= end:
+                break
+            delay = t - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            loop.call_soon_threadsafe(fire, float(t))
+        loop.call_soon_threadsafe(finished.set)
+
+    clock = threading.Thread(target=schedule, name="bench-schedule", daemon=True)
+    clock.start()
+    await finished.wait()
+    clock.join()
+    while tasks:
         await asyncio.gather(*tasks)
 
 
@@ -213,6 +225,7 @@ async def _run(w: Workload, job: Job) -> Records:
 def _worker_main(conn: Connection, workload: Workload) -> None:
     import uvloop
 
+    conn.send("ready")  # imports are done: the parent may now schedule on tight instants
     while True:
         job = conn.recv()
         if job is None:
@@ -233,6 +246,10 @@ class WorkerPool:
             p.start()
             self._conns.append(parent)
             self._procs.append(p)
+        for c in self._conns:
+            if not c.poll(60) or c.recv() != "ready":
+                self.close()
+                raise RuntimeError("a load generator process did not start")
 
     @property
     def size(self) -> int:

@@ -49,6 +49,9 @@ def print_report(report: BenchReport, console: Console) -> None:
         if lv.late_sends:
             console.print(f"[yellow]{lv.label}: {lv.late_sends} sends left more than 2 ms after their schedule "
                           f"(p99 lateness {lv.late_send_p99_ms:.2f} ms); the generator could not keep up[/yellow]")
+        for st in lv.stalls:
+            console.print(f"[red]{lv.label}: stall: {st['requests']:.0f} requests scheduled between "
+                          f"{st['start_s']:.2f} s and {st['end_s']:.2f} s took up to {st['max_ms']:.0f} ms[/red]")
         if not lv.stable:
             console.print(f"[yellow]{lv.label}: not stable after {lv.windows} windows[/yellow]")
     if report.compare:

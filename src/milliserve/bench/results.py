@@ -10,7 +10,7 @@ from hdrh.histogram import HdrHistogram
 
 from milliserve.bench.loadgen import CONNECT_ERROR, Records
 
-__all__ = ["LATE_SEND_S", "PERCENTILES", "LevelResult", "summarize"]
+__all__ = ["LATE_SEND_S", "PERCENTILES", "LevelResult", "find_stalls", "summarize"]
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 # A send that leaves more than this after its scheduled instant counts as late.
@@ -35,6 +35,7 @@ class LevelResult:
     server: dict[str, float] | None = None
     windows: int = 1
     stable: bool = True
+    stalls: list[dict[str, float]] = field(default_factory=list)
     # for plots only (not serialised): schedule offset (s) and latency (µs) of each request
     timeline: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = field(default=None, repr=False)
     histogram: HdrHistogram | None = field(default=None, repr=False)
@@ -59,6 +60,7 @@ class LevelResult:
             "server": self.server,
             "windows": self.windows,
             "stable": self.stable,
+            "stalls": self.stalls,
         }
 
 
@@ -74,6 +76,22 @@ def _error_key(status: int, messages: dict[int, str]) -> str:
         kind = f"http {status}"
     msg = messages.get(status, "")
     return f"{kind}: {msg}" if msg else kind
+
+
+def find_stalls(offsets: np.ndarray[Any, Any], latency_us: np.ndarray[Any, Any], p50_us: float) -> list[dict[str, float]]:
+    """Episodes where requests took over 10x the median (and over 10 ms): a server stall
+    (GC pause, lock, swap) shows up as a run of such requests close together in time."""
+    slow = np.flatnonzero(latency_us > max(10 * p50_us, 10_000.0))
+    episodes: list[dict[str, float]] = []
+    for i in slow[np.argsort(offsets[slow])]:
+        t = float(offsets[i])
+        if episodes and t - episodes[-1]["end_s"] < 0.05:
+            e = episodes[-1]
+            e["end_s"], e["requests"] = t, e["requests"] + 1
+            e["max_ms"] = max(e["max_ms"], float(latency_us[i]) / 1e3)
+        else:
+            episodes.append({"start_s": t, "end_s": t, "requests": 1, "max_ms": float(latency_us[i]) / 1e3})
+    return [e for e in episodes if e["requests"] >= 2]
 
 
 def summarize(mode: str, level: float, rec: Records, measure_from: float, measure_to: float, cores: int,
@@ -101,6 +119,7 @@ def summarize(mode: str, level: float, rec: Records, measure_from: float, measur
         key = _error_key(int(s), rec.messages)
         errors[key] = errors.get(key, 0) + 1
     lateness = sent - intended
+    offsets = intended - measure_from
     return LevelResult(
         mode=mode,
         level=level,
@@ -115,6 +134,7 @@ def summarize(mode: str, level: float, rec: Records, measure_from: float, measur
         client_cpu_share=rec.cpu_s / (run_s * cores) if run_s > 0 else 0.0,
         windows=windows,
         stable=stable,
-        timeline=(intended - measure_from, latency_us),
+        stalls=find_stalls(offsets[ok], latency_us[ok], pct.get("p50", 0.0)),
+        timeline=(offsets, latency_us),
         histogram=hist,
     )
