@@ -34,8 +34,11 @@ METADATA = orjson.dumps(
 )
 CONFIG = orjson.dumps({"name": "fake", "max_batch_size": 64})
 ANSWER = orjson.dumps(
-    {"model_name": "fake", "model_version": "1", "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 4],
-                                                              "data": [0.0, 0.0, 0.0, 0.0]}]}
+    {
+        "model_name": "fake",
+        "model_version": "1",
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 4], "data": [0.0, 0.0, 0.0, 0.0]}],
+    }
 )
 
 
@@ -51,7 +54,9 @@ class FakeBehaviour:
 
 
 def _response(status: int, body: bytes, reason: str = "OK") -> bytes:
-    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -141,8 +146,9 @@ def main() -> None:
         ap.add_argument(f"--{name}", type=int, default=0)
     ap.add_argument("--error-status", type=int, default=503)
     a = ap.parse_args()
-    behaviour = FakeBehaviour(a.latency_ms, a.slow_every, a.slow_ms, a.error_every, a.error_status,
-                              a.stall_after_s, a.stall_ms)
+    behaviour = FakeBehaviour(
+        a.latency_ms, a.slow_every, a.slow_ms, a.error_every, a.error_status, a.stall_after_s, a.stall_ms
+    )
     try:
         import uvloop
 

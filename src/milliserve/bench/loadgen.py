@@ -11,6 +11,7 @@ from the schedule (coordinated omission corrected) and count late sends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import threading
 import time
@@ -53,9 +54,12 @@ class Records:
             for k, v in p.messages.items():
                 messages.setdefault(k, v)
         return Records(
-            np.concatenate([p.intended for p in parts]), np.concatenate([p.sent for p in parts]),
-            np.concatenate([p.done for p in parts]), np.concatenate([p.status for p in parts]),
-            messages, sum(p.cpu_s for p in parts),
+            np.concatenate([p.intended for p in parts]),
+            np.concatenate([p.sent for p in parts]),
+            np.concatenate([p.done for p in parts]),
+            np.concatenate([p.status for p in parts]),
+            messages,
+            sum(p.cpu_s for p in parts),
         )
 
 
@@ -105,7 +109,8 @@ class _HttpConn:
 def _raw_http(w: Workload) -> list[bytes]:
     out = []
     for body, headers in zip(w.bodies, w.headers, strict=True):
-        head = f"POST {w.path} HTTP/1.1\r\nHost: {w.target.host}:{w.target.port}\r\nContent-Length: {len(body)}\r\n"
+        head = f"POST {w.path} HTTP/1.1\r\nHost: {w.target.host}:{w.target.port}\r\n"
+        head += f"Content-Length: {len(body)}\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         out.append(head.encode() + body)
     return out
@@ -146,7 +151,9 @@ class _Sender:
                 await self.grpc_call(body, timeout=60)
                 self.rec.add(intended, sent, time.monotonic(), 200)
             except grpc.aio.AioRpcError as exc:
-                self.rec.add(intended, sent, time.monotonic(), 1000 + exc.code().value[0], exc.details() or "")
+                self.rec.add(
+                    intended, sent, time.monotonic(), 1000 + exc.code().value[0], exc.details() or ""
+                )
             return
         conn = self.idle.pop() if self.idle else _HttpConn(self.w.target.host, self.w.target.port)
         try:
@@ -260,8 +267,11 @@ class WorkerPool:
 
         Closed loop spreads ``level`` connections over the workers; open loop splits the rate.
         """
+        shares: list[float]
         if mode == "closed":
-            shares = [int(level) // self.size + (1 if i < int(level) % self.size else 0) for i in range(self.size)]
+            shares = [
+                int(level) // self.size + (1 if i < int(level) % self.size else 0) for i in range(self.size)
+            ]
         else:
             shares = [level / self.size] * self.size
         start_at = time.monotonic() + 0.2  # every worker starts on the same instant
@@ -272,10 +282,8 @@ class WorkerPool:
 
     def close(self) -> None:
         for c in self._conns:
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):
                 c.send(None)
-            except (BrokenPipeError, OSError):
-                pass
         for p in self._procs:
             p.join(5)
             if p.is_alive():

@@ -78,7 +78,9 @@ def _error_key(status: int, messages: dict[int, str]) -> str:
     return f"{kind}: {msg}" if msg else kind
 
 
-def find_stalls(offsets: np.ndarray[Any, Any], latency_us: np.ndarray[Any, Any], p50_us: float) -> list[dict[str, float]]:
+def find_stalls(
+    offsets: np.ndarray[Any, Any], latency_us: np.ndarray[Any, Any], p50_us: float
+) -> list[dict[str, float]]:
     """Episodes where requests took over 10x the median (and over 10 ms): a server stall
     (GC pause, lock, swap) shows up as a run of such requests close together in time."""
     slow = np.flatnonzero(latency_us > max(10 * p50_us, 10_000.0))
@@ -94,8 +96,17 @@ def find_stalls(offsets: np.ndarray[Any, Any], latency_us: np.ndarray[Any, Any],
     return [e for e in episodes if e["requests"] >= 2]
 
 
-def summarize(mode: str, level: float, rec: Records, measure_from: float, measure_to: float, cores: int,
-              run_s: float, windows: int = 1, stable: bool = True) -> LevelResult:
+def summarize(
+    mode: str,
+    level: float,
+    rec: Records,
+    measure_from: float,
+    measure_to: float,
+    cores: int,
+    run_s: float,
+    windows: int = 1,
+    stable: bool = True,
+) -> LevelResult:
     """Summarise the requests scheduled in [measure_from, measure_to) (monotonic instants).
 
     Latency runs from each request's scheduled instant, which in the open loop is

@@ -102,13 +102,24 @@ def _machine(workers: int) -> dict[str, Any]:
             model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
     except OSError:
         pass
-    return {"cpu": model, "cores": os.cpu_count() or 1, "client_workers": workers,
-            "python": platform.python_version(), "note": "the load generator shares the machine with the server "
-            "when both run here"}
+    return {
+        "cpu": model,
+        "cores": os.cpu_count() or 1,
+        "client_workers": workers,
+        "python": platform.python_version(),
+        "note": "the load generator shares the machine with the server when both run here",
+    }
 
 
-def _measure(pool: WorkerPool, cfg: BenchConfig, mode: str, level: float, metrics_url: str | None,
-             progress: Progress | None, label: str) -> LevelResult:
+def _measure(
+    pool: WorkerPool,
+    cfg: BenchConfig,
+    mode: str,
+    level: float,
+    metrics_url: str | None,
+    progress: Progress | None,
+    label: str,
+) -> LevelResult:
     cores = os.cpu_count() or 1
     before = scrape(metrics_url, cfg.model) if metrics_url else None
     if cfg.stability_pct is None:
@@ -117,8 +128,15 @@ def _measure(pool: WorkerPool, cfg: BenchConfig, mode: str, level: float, metric
         t0 = time.monotonic()
         rec = pool.run(mode, level, cfg.warmup_s + cfg.duration_s, cfg.poisson, seed=int(level))
         start = float(rec.intended.min()) if rec.intended.size else t0
-        result = summarize(mode, level, rec, start + cfg.warmup_s, start + cfg.warmup_s + cfg.duration_s, cores,
-                           time.monotonic() - t0)
+        result = summarize(
+            mode,
+            level,
+            rec,
+            start + cfg.warmup_s,
+            start + cfg.warmup_s + cfg.duration_s,
+            cores,
+            time.monotonic() - t0,
+        )
     else:
         result = _until_stable(pool, cfg, mode, level, cores, progress, label)
     after = scrape(metrics_url, cfg.model) if metrics_url else None
@@ -126,8 +144,15 @@ def _measure(pool: WorkerPool, cfg: BenchConfig, mode: str, level: float, metric
     return result
 
 
-def _until_stable(pool: WorkerPool, cfg: BenchConfig, mode: str, level: float, cores: int,
-                  progress: Progress | None, label: str) -> LevelResult:
+def _until_stable(
+    pool: WorkerPool,
+    cfg: BenchConfig,
+    mode: str,
+    level: float,
+    cores: int,
+    progress: Progress | None,
+    label: str,
+) -> LevelResult:
     """perf_analyzer's method: windows until the last three agree within stability_pct
     on throughput and p99 (or max_windows is reached, reported as not stable)."""
     assert cfg.stability_pct is not None
@@ -144,8 +169,7 @@ def _until_stable(pool: WorkerPool, cfg: BenchConfig, mode: str, level: float, c
         windows.append((rec, start, start + cfg.window_s, time.monotonic() - t0))
         if len(windows) >= 3:
             last = [summarize(mode, level, r, a, b, cores, s) for r, a, b, s in windows[-3:]]
-            for metric in (lambda x: x.throughput, lambda x: x.latency_us.get("p99", 0.0)):
-                values = [metric(x) for x in last]
+            for values in ([x.throughput for x in last], [x.latency_us.get("p99", 0.0) for x in last]):
                 mean = statistics.fmean(values)
                 if mean <= 0 or any(abs(v - mean) > tol * mean for v in values):
                     break
@@ -158,8 +182,17 @@ def _until_stable(pool: WorkerPool, cfg: BenchConfig, mode: str, level: float, c
     spans = [(a, b) for _, a, b, _ in tail]
     keep_from = min(a for a, _ in spans)
     keep_to = max(b for _, b in spans)
-    result = summarize(mode, level, merged, keep_from, keep_to, cores, sum(s for *_, s in tail),
-                       windows=len(windows), stable=stable)
+    result = summarize(
+        mode,
+        level,
+        merged,
+        keep_from,
+        keep_to,
+        cores,
+        sum(s for *_, s in tail),
+        windows=len(windows),
+        stable=stable,
+    )
     measured = sum(b - a for a, b in spans)
     result.throughput = result.ok / measured if measured else 0.0
     result.duration_s = measured
@@ -177,10 +210,13 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
     workload = build_workload(target, cfg.model, cfg.version, cfg.batch, cfg.data, cfg.shapes, cfg.binary)
     workers = cfg.workers or max(1, min(os.cpu_count() or 1, 4))
     cfg.workers = workers
-    pools: list[tuple[WorkerPool, str | None, Workload]] = [(WorkerPool(workload, workers), cfg.metrics_url, workload)]
+    pools: list[tuple[WorkerPool, str | None, Workload]] = [
+        (WorkerPool(workload, workers), cfg.metrics_url, workload)
+    ]
     if cfg.compare_url:
-        other = build_workload(parse_target(cfg.compare_url), cfg.model, cfg.version, cfg.batch, cfg.data,
-                               cfg.shapes, cfg.binary)
+        other = build_workload(
+            parse_target(cfg.compare_url), cfg.model, cfg.version, cfg.batch, cfg.data, cfg.shapes, cfg.binary
+        )
         pools.append((WorkerPool(other, workers), None, other))
     report = BenchReport(cfg, _machine(workers), [])
     try:
@@ -193,7 +229,9 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
             for r in range(cfg.rounds):  # A B A B ...: only ratios from one run mean anything
                 for i, (pool, murl, _) in enumerate(pools):
                     tag = "A" if i == 0 else "B"
-                    runs[i].append(_measure(pool, cfg, mode, level, murl, progress, f"{name} {tag} round {r + 1}"))
+                    runs[i].append(
+                        _measure(pool, cfg, mode, level, murl, progress, f"{name} {tag} round {r + 1}")
+                    )
             report.levels.append(_median(runs[0]))
             report.compare_levels.append(_median(runs[1]))
             report.compare.append(_ratios(report.levels[-1], report.compare_levels[-1]))

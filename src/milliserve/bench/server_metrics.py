@@ -84,5 +84,7 @@ def server_split(before: Snapshot | None, after: Snapshot | None) -> dict[str, f
         out["compute_us"] = compute / d["exec_n"]
     if "request_us" in d:
         out["server_total_us"] = d["request_us"] / requests
-        out["other_us"] = max(0.0, out["server_total_us"] - out.get("queue_us", 0.0) - out.get("compute_us", 0.0))
+        out["other_us"] = max(
+            0.0, out["server_total_us"] - out.get("queue_us", 0.0) - out.get("compute_us", 0.0)
+        )
     return out

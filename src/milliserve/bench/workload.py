@@ -79,9 +79,11 @@ def _grpc_call(target: Target, method: str, request: Any, response_cls: Any) -> 
     import grpc
 
     with grpc.insecure_channel(f"{target.host}:{target.port}") as ch:
-        call = ch.unary_unary(f"/inference.GRPCInferenceService/{method}",
-                              request_serializer=lambda m: m.SerializeToString(),
-                              response_deserializer=response_cls.FromString)
+        call = ch.unary_unary(
+            f"/inference.GRPCInferenceService/{method}",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response_cls.FromString,
+        )
         try:
             return call(request, timeout=5)
         except grpc.RpcError as exc:
@@ -100,26 +102,35 @@ def fetch_model(target: Target, model: str, version: str) -> tuple[dict[str, Any
         except ConfigError:
             cfg = {}
         return meta, int(cfg.get("max_batch_size", 0))
-    meta_msg = _grpc_call(target, "ModelMetadata", pb.ModelMetadataRequest(name=model, version=version),
-                          pb.ModelMetadataResponse)
+    meta_msg = _grpc_call(
+        target,
+        "ModelMetadata",
+        pb.ModelMetadataRequest(name=model, version=version),
+        pb.ModelMetadataResponse,
+    )
     meta = json_format.MessageToDict(meta_msg, preserving_proto_field_name=True)
     for t in (*meta.get("inputs", []), *meta.get("outputs", [])):
         t["shape"] = [int(d) for d in t.get("shape", [])]
     try:
-        cfg = _grpc_call(target, "ModelConfig", pb.ModelConfigRequest(name=model, version=version),
-                         pb.ModelConfigResponse)
+        cfg = _grpc_call(
+            target, "ModelConfig", pb.ModelConfigRequest(name=model, version=version), pb.ModelConfigResponse
+        )
         max_batch = int(cfg.config.max_batch_size)
     except ConfigError:
         max_batch = 0
     return meta, max_batch
 
 
-def _resolve_shape(name: str, declared: list[int], batching: bool, batch: int, given: list[int] | None) -> list[int]:
+def _resolve_shape(
+    name: str, declared: list[int], batching: bool, batch: int, given: list[int] | None
+) -> list[int]:
     inner = declared[1:] if batching else declared
     if given is not None:
         if len(given) != len(inner) or any(d != -1 and d != g for d, g in zip(inner, given, strict=True)):
-            raise ConfigError(f"--shape {name}:{','.join(map(str, given))} does not match the model's "
-                              f"{declared} (give the dims after the batch dimension)")
+            raise ConfigError(
+                f"--shape {name}:{','.join(map(str, given))} does not match the model's "
+                f"{declared} (give the dims after the batch dimension)"
+            )
         inner = given
     if any(d < 0 for d in inner):
         raise ConfigError(f"input {name!r} has variable dims {declared}; give them with --shape {name}:DIMS")
@@ -128,7 +139,9 @@ def _resolve_shape(name: str, declared: list[int], batching: bool, batch: int, g
 
 def _data(datatype: str, shape: list[int], kind: str, rng: np.random.Generator) -> np.ndarray[Any, Any]:
     if datatype == BYTES:
-        return np.array([b"milliserve" if kind == "random" else b""] * prod(shape), dtype=object).reshape(shape)
+        return np.array([b"milliserve" if kind == "random" else b""] * prod(shape), dtype=object).reshape(
+            shape
+        )
     dtype = oip_to_numpy(datatype)
     if kind == "zero":
         return np.zeros(shape, dtype=dtype)
@@ -139,20 +152,36 @@ def _data(datatype: str, shape: list[int], kind: str, rng: np.random.Generator) 
     return rng.integers(0, 100, shape).astype(dtype)  # small ints: valid token ids, indices
 
 
-def _encode_http(model: str, tensors: list[tuple[str, str, np.ndarray[Any, Any]]], binary: bool) -> tuple[bytes, dict[str, str]]:
+def _encode_http(
+    model: str, tensors: list[tuple[str, str, np.ndarray[Any, Any]]], binary: bool
+) -> tuple[bytes, dict[str, str]]:
     if not binary:
-        doc = {"inputs": [{"name": n, "datatype": d, "shape": list(a.shape),
-                           "data": [x.decode() for x in a.reshape(-1)] if d == BYTES else a.reshape(-1).tolist()}
-                          for n, d, a in tensors]}
+        doc = {
+            "inputs": [
+                {
+                    "name": n,
+                    "datatype": d,
+                    "shape": list(a.shape),
+                    "data": [x.decode() for x in a.reshape(-1)] if d == BYTES else a.reshape(-1).tolist(),
+                }
+                for n, d, a in tensors
+            ]
+        }
         return orjson.dumps(doc), {"Content-Type": "application/json"}
     blobs = [array_to_raw(d, a) for _, d, a in tensors]
-    header = orjson.dumps({
-        "inputs": [{"name": n, "datatype": d, "shape": list(a.shape), "parameters": {"binary_data_size": len(b)}}
-                   for (n, d, a), b in zip(tensors, blobs, strict=True)],
-        "parameters": {"binary_data_output": True},
-    })
-    return header + b"".join(blobs), {"Content-Type": "application/octet-stream",
-                                      "Inference-Header-Content-Length": str(len(header))}
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {"name": n, "datatype": d, "shape": list(a.shape), "parameters": {"binary_data_size": len(b)}}
+                for (n, d, a), b in zip(tensors, blobs, strict=True)
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    )
+    return header + b"".join(blobs), {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
 
 
 def _encode_grpc(model: str, version: str, tensors: list[tuple[str, str, np.ndarray[Any, Any]]]) -> bytes:
@@ -163,8 +192,16 @@ def _encode_grpc(model: str, version: str, tensors: list[tuple[str, str, np.ndar
     return bytes(msg.SerializeToString())
 
 
-def build_workload(target: Target, model: str, version: str = "", batch: int = 1, data: str = "random",
-                   shapes: dict[str, list[int]] | None = None, binary: bool = True, variants: int = 8) -> Workload:
+def build_workload(
+    target: Target,
+    model: str,
+    version: str = "",
+    batch: int = 1,
+    data: str = "random",
+    shapes: dict[str, list[int]] | None = None,
+    binary: bool = True,
+    variants: int = 8,
+) -> Workload:
     """Fetch the model's inputs and encode ``variants`` request bodies.
 
     ``data`` is ``random``, ``zero`` or a path to a JSON file holding a list of OIP
@@ -175,8 +212,10 @@ def build_workload(target: Target, model: str, version: str = "", batch: int = 1
     shapes = shapes or {}
     unknown = sorted(set(shapes) - {t["name"] for t in meta["inputs"]})
     if unknown:
-        raise ConfigError(f"--shape names {unknown}, which are not inputs of {model!r} "
-                          f"({[t['name'] for t in meta['inputs']]})")
+        raise ConfigError(
+            f"--shape names {unknown}, which are not inputs of {model!r} "
+            f"({[t['name'] for t in meta['inputs']]})"
+        )
     if batch < 1 or (max_batch and batch > max_batch):
         raise ConfigError(f"batch size {batch} is outside 1..{max_batch or 1} for model {model!r}")
     if data not in ("random", "zero"):
@@ -186,8 +225,13 @@ def build_workload(target: Target, model: str, version: str = "", batch: int = 1
         requests = json.loads(path.read_text())
         if target.protocol != "http" or not isinstance(requests, list) or not requests:
             raise ConfigError(f"{path}: give a non-empty JSON list of OIP request bodies (HTTP targets only)")
-        return Workload(target, model, version, [orjson.dumps(r) for r in requests],
-                        [{"Content-Type": "application/json"}] * len(requests))
+        return Workload(
+            target,
+            model,
+            version,
+            [orjson.dumps(r) for r in requests],
+            [{"Content-Type": "application/json"}] * len(requests),
+        )
     rng = np.random.default_rng(0)
     bodies, headers = [], []
     for _ in range(variants if data == "random" else 1):

@@ -86,7 +86,7 @@ def _levels(text: str, kind: type) -> list:  # type: ignore[type-arg]
     """``1,2,4`` or a range ``1:16:2`` (start:stop:multiplier for concurrency, step for rates)."""
     try:
         if ":" in text:
-            start, stop, step = (kind(x) for x in (text.split(":") + ["2"])[:3])
+            start, stop, step = (kind(x) for x in [*text.split(":"), "2"][:3])
             out, v = [], start
             while v <= stop:
                 out.append(v)
@@ -102,28 +102,48 @@ def _shape(text: str) -> tuple[str, list[int]]:
     try:
         return name, [int(d) for d in dims.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape {text!r} must look like NAME:16 or NAME:3,224,224") from None
+        raise argparse.ArgumentTypeError(
+            f"--shape {text!r} must look like NAME:16 or NAME:3,224,224"
+        ) from None
 
 
 def _bench(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from milliserve.bench.report import print_report, write_csv, write_json
     from milliserve.bench.runner import BenchConfig, run_bench
 
     cfg = BenchConfig(
-        url=args.url, model=args.model, version=args.model_version or "",
-        concurrency=args.concurrency or [], rates=args.rate or [], poisson=not args.constant,
-        duration_s=args.duration, warmup_s=args.warmup, stability_pct=args.stability,
-        window_s=args.window, batch=args.batch_size, data=args.data, shapes=dict(args.shape or []),
-        binary=not args.json_tensors, workers=args.workers, metrics_url=args.metrics_url,
-        compare_url=args.compare, rounds=args.rounds,
+        url=args.url,
+        model=args.model,
+        version=args.model_version or "",
+        concurrency=args.concurrency or [],
+        rates=args.rate or [],
+        poisson=not args.constant,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        stability_pct=args.stability,
+        window_s=args.window,
+        batch=args.batch_size,
+        data=args.data,
+        shapes=dict(args.shape or []),
+        binary=not args.json_tensors,
+        workers=args.workers,
+        metrics_url=args.metrics_url,
+        compare_url=args.compare,
+        rounds=args.rounds,
     )
     console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=console, transient=True) as progress:
-        state: dict[str, int] = {}
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        state: dict[str, TaskID] = {}
 
         def step(what: str, seconds: float) -> None:
             # one bar per window, driven by rich's refresh thread from the planned length
@@ -188,16 +208,27 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-m", "--model", required=True)
     b.add_argument("--model-version", default="")
     load = b.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=lambda t: _levels(t, int), help="closed loop: 1,2,4,8 or 1:8 (doubling)")
+    load.add_argument(
+        "--concurrency", type=lambda t: _levels(t, int), help="closed loop: 1,2,4,8 or 1:8 (doubling)"
+    )
     load.add_argument("--rate", type=lambda t: _levels(t, float), help="open loop requests/s: 100,200,400")
     b.add_argument("--constant", action="store_true", help="constant arrivals instead of Poisson (open loop)")
     b.add_argument("--duration", type=float, default=5.0, help="measured seconds per level (default 5)")
-    b.add_argument("--warmup", type=float, default=1.0, help="seconds not counted before each level (default 1)")
-    b.add_argument("--stability", type=float, default=None, metavar="PCT",
-                   help="run windows until 3 agree within PCT%% on throughput and p99 (like perf_analyzer -s)")
+    b.add_argument(
+        "--warmup", type=float, default=1.0, help="seconds not counted before each level (default 1)"
+    )
+    b.add_argument(
+        "--stability",
+        type=float,
+        default=None,
+        metavar="PCT",
+        help="run windows until 3 agree within PCT%% on throughput and p99 (like perf_analyzer -s)",
+    )
     b.add_argument("--window", type=float, default=2.0, help="window seconds with --stability (default 2)")
     b.add_argument("-b", "--batch-size", type=int, default=1)
-    b.add_argument("--shape", action="append", type=_shape, metavar="NAME:DIMS", help="dims of a variable input")
+    b.add_argument(
+        "--shape", action="append", type=_shape, metavar="NAME:DIMS", help="dims of a variable input"
+    )
     b.add_argument("--data", default="random", help="random, zero, or a JSON file of OIP request bodies")
     b.add_argument("--json-tensors", action="store_true", help="HTTP: JSON tensors instead of binary")
     b.add_argument("--workers", type=int, default=0, help="client processes (default: one per core, up to 4)")

@@ -22,7 +22,9 @@ from milliserve.testing import free_port
 @contextmanager
 def fake_server(*args: str) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "milliserve.bench.fake_server", "--port", str(port), *args])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "milliserve.bench.fake_server", "--port", str(port), *args]
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
@@ -76,7 +78,7 @@ def test_open_loop_exposes_a_stall_that_a_closed_loop_hides() -> None:
 def test_errors_are_counted_by_status_and_message() -> None:
     with fake_server("--error-every", "10", "--error-status", "503") as url:
         r = bench(url, concurrency=[2], duration_s=2, warmup_s=0.3)
-    (key, n), = r["errors"].items()
+    ((key, n),) = r["errors"].items()
     assert key == 'http 503: {"error": "fake overload"}'
     assert r["ok"] + n == r["requests"]
     assert n == pytest.approx(r["requests"] / 10, abs=3)
