@@ -30,6 +30,7 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 import uvloop
+from report_sections import write_section
 
 from milliserve.examples.fraud_mlp import FEATURES, build_fraud_mlp
 from milliserve.runtime.executor import InstanceWorker
@@ -271,7 +272,7 @@ def main() -> None:
 
     base = "FastAPI + uvicorn baseline"
     lines = [
-        "# Benchmarks",
+        "## Server overhead: milliserve against FastAPI, and the HTTP stack",
         "",
         "Numbers from `python benchmarks/server_overhead.py` "
         f"({args.rounds} interleaved rounds of {args.seconds:g} s per target and concurrency; medians).",
@@ -286,14 +287,14 @@ def main() -> None:
         "- **Payload:** one transaction, 64 FP32 features, OIP JSON (and the binary tensor extension for "
         "milliserve (binary)).",
         "",
-        "## Raw ONNX Runtime, in process (fraud_mlp, 1 thread)",
+        "### Raw ONNX Runtime, in process (fraud_mlp, 1 thread)",
         "",
         "| batch | p50 µs | p99 µs |",
         "|---|---|---|",
         f"| 1 | {raw['b1_p50']:.1f} | {raw['b1_p99']:.1f} |",
         f"| 32 | {raw['b32_p50']:.1f} | {raw['b32_p99']:.1f} |",
         "",
-        "## The thread hand-off",
+        "### The thread hand-off",
         "",
         "The same fraud_mlp call, made directly and through milliserve's per-instance worker thread "
         "from a uvloop event loop (medians of 5000 alternating calls):",
@@ -302,7 +303,7 @@ def main() -> None:
         f"so the hand-off costs about {handoff['worker'] - handoff['direct']:.0f} µs here. Each direction "
         "wakes a sleeping thread on the other vCPU.",
         "",
-        "## HTTP front end: milliserve against the FastAPI baseline",
+        "### HTTP front end: milliserve against the FastAPI baseline",
         "",
         "| server | seq p50 µs | seq p90 µs | seq p99 µs | seq req/s | 8 conn req/s | p50 vs baseline "
         "| 8-conn throughput vs baseline |",
@@ -325,7 +326,7 @@ def main() -> None:
         "to the instance's worker thread so the loop never blocks on inference. `cpu_affinity off` "
         "turns off the default placement of the event loop and of microsecond models' workers on one CPU.",
         "",
-        "## Reading the numbers",
+        "### Reading the numbers",
         "",
         "- With 8 connections milliserve's batching and lower per-request cost give well over the "
         "baseline's throughput.",
@@ -338,8 +339,7 @@ def main() -> None:
         "loop while the model runs.",
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
+    write_section("server-overhead", "\n".join(lines), args.out)
     print("\n".join(lines))
 
 

@@ -1,0 +1,138 @@
+"""Does `milliserve bench` agree with Triton's perf_analyzer? Both measure the example
+fraud_mlp on one milliserve, interleaved (PA MB PA MB ...), at concurrency 1 and 8.
+Writes the "bench-vs-perf-analyzer" section of docs/benchmarks.md.
+
+    python benchmarks/bench_vs_perf_analyzer.py [--rounds 3] [--seconds 4]
+
+Needs perf_analyzer from the tritonclient==2.41.0 wheel, libb64-0d and
+nvidia-cuda-runtime-cu12 (scripts/test installs all three).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from report_sections import write_section
+
+from milliserve.examples.fraud_mlp import build_fraud_mlp
+from milliserve.testing import ServerProcess
+
+
+def perf_analyzer() -> tuple[str, dict[str, str]]:
+    binary = shutil.which("perf_analyzer", path=str(Path(sys.executable).parent)) or shutil.which(
+        "perf_analyzer"
+    )
+    spec = importlib.util.find_spec("nvidia.cuda_runtime")
+    if not binary or not spec or not spec.submodule_search_locations:
+        sys.exit("perf_analyzer or libcudart missing: run scripts/test once to install them")
+    lib = str(Path(next(iter(spec.submodule_search_locations))) / "lib")
+    return binary, dict(os.environ, LD_LIBRARY_PATH=lib)
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    """Run a command; return the CPU seconds it used (user + system)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=4)
+    args = ap.parse_args()
+    pa, env = perf_analyzer()
+    work = Path(tempfile.mkdtemp(prefix="ms-pa-"))
+    build_fraud_mlp(work / "repo")
+    rows = []
+    with ServerProcess(work / "repo") as server:
+        url = server.http_url
+        for conc in (1, 8):
+            pa_runs, mb_runs = [], []
+            for r in range(args.rounds):
+                out = work / f"pa{conc}_{r}.csv"
+                cpu = timed(
+                    [
+                        pa,
+                        "-m",
+                        "fraud_mlp",
+                        "-u",
+                        url,
+                        "--concurrency-range",
+                        str(conc),
+                        "-s",
+                        "50",
+                        "-p",
+                        str(args.seconds * 1000),
+                        "-f",
+                        str(out),
+                    ],
+                    env,
+                )
+                row = next(iter(csv.DictReader(out.read_text().splitlines())))
+                pa_runs.append(
+                    (
+                        float(row["Inferences/Second"]),
+                        float(row["p50 latency"]),
+                        float(row["p99 latency"]),
+                        cpu,
+                    )
+                )
+                js = work / f"mb{conc}_{r}.json"
+                cpu = timed(
+                    [
+                        sys.executable,
+                        "-m",
+                        "milliserve",
+                        "bench",
+                        f"http://{url}",
+                        "-m",
+                        "fraud_mlp",
+                        "--concurrency",
+                        str(conc),
+                        "--duration",
+                        str(args.seconds),
+                        "--json",
+                        str(js),
+                    ]
+                )
+                lv = json.loads(js.read_text())["levels"][0]
+                mb_runs.append((lv["throughput"], lv["latency_us"]["p50"], lv["latency_us"]["p99"], cpu))
+            med = [[statistics.median(x[i] for x in runs) for i in range(4)] for runs in (pa_runs, mb_runs)]
+            rows.append((conc, *med))
+    lines = [
+        "## milliserve bench against perf_analyzer",
+        "",
+        "`python benchmarks/bench_vs_perf_analyzer.py`: the example fraud_mlp on one milliserve, "
+        f"HTTP with binary tensors, {args.rounds} interleaved rounds (perf_analyzer, milliserve bench, ...) "
+        f"of about {args.seconds} s each; medians. perf_analyzer 2.41 with `-s 50`; both share the 2 vCPUs "
+        "with the server. CPU is what each tool's process used for the whole run, start-up included.",
+        "",
+        "| concurrency | tool | infer/s | p50 µs | p99 µs | client CPU s | mb/pa infer/s | mb/pa p50 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for conc, p, m in rows:
+        lines.append(f"| {conc} | perf_analyzer | {p[0]:,.0f} | {p[1]:.0f} | {p[2]:.0f} | {p[3]:.1f} | | |")
+        lines.append(
+            f"| {conc} | milliserve bench | {m[0]:,.0f} | {m[1]:.0f} | {m[2]:.0f} | {m[3]:.1f} | "
+            f"{m[0] / p[0]:.2f} | {m[1] / p[1]:.2f} |"
+        )
+    lines += ["", "Target (issue 3): within 15% on p50 and throughput at concurrency 1 and 8."]
+    write_section("bench-vs-perf-analyzer", "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
