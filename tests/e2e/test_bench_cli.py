@@ -48,6 +48,7 @@ def test_json_csv_and_plots(server: ServerProcess, tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["tool"] == "milliserve bench" and doc["model"] == "fraud_mlp"
     assert doc["config"]["mode"] == "closed" and doc["machine"]["cores"] >= 1
+    assert 0 < doc["calibration"]["null_server_p50_us"] < 5000  # the tool's own overhead, measured
     levels = doc["levels"]
     assert [lv["level"] for lv in levels] == [1, 4]
     for lv in levels:
@@ -103,3 +104,34 @@ def test_bad_arguments_fail_clearly(server: ServerProcess, args: list[str], mess
     r = bench(*filled, "--duration", "0.5")
     assert r.returncode == 1, r.stdout + r.stderr
     assert message in r.stderr
+
+
+def test_cold_start_through_the_repository_api(example_repo: Path, tmp_path: Path) -> None:
+    with ServerProcess(example_repo, "--model-control-mode", "explicit", "--load-model", "fraud_mlp") as srv:
+        out = tmp_path / "cold.json"
+        r = bench(
+            f"http://{srv.http_url}",
+            "-m",
+            "fraud_mlp",
+            "--cold-start",
+            "--no-calibrate",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0.2",
+            "--json",
+            str(out),
+        )
+        assert r.returncode == 0, r.stderr
+        cold = json.loads(out.read_text())["cold_start"]
+        assert 0 < cold["load_s"] < 30 and cold["first_request_ms"] > 0
+        assert 0 < cold["steady_p50_ms"] <= cold["steady_p99_ms"]
+        assert 0 <= cold["requests_to_settle"] <= 400
+        assert "cold start: ready" in r.stdout
+
+
+def test_cold_start_needs_the_repository_api(server: ServerProcess) -> None:
+    r = bench(
+        f"http://{server.http_url}", "-m", "fraud_mlp", "--cold-start", "--no-calibrate", "--duration", "0.5"
+    )
+    assert r.returncode == 1 and "--model-control-mode explicit" in r.stderr

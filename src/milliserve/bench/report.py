@@ -78,6 +78,19 @@ def print_report(report: BenchReport, console: Console) -> None:
     for lv in report.levels:
         table.add_row(*_row(lv))
     console.print(table)
+    if report.calibration:
+        cal = report.calibration
+        console.print(
+            f"calibration: against a null server the tool measures p50 {cal['null_server_p50_us']:.0f} µs, "
+            f"p99 {cal['null_server_p99_us']:.0f} µs (its own overhead plus loopback)"
+        )
+    if report.cold_start:
+        cs = report.cold_start
+        console.print(
+            f"cold start: ready {cs['load_s'] * 1e3:.1f} ms after the load call; first request "
+            f"{cs['first_request_ms']:.2f} ms, then steady p50 {cs['steady_p50_ms']:.2f} ms / p99 "
+            f"{cs['steady_p99_ms']:.2f} ms; p99 settled after {cs['requests_to_settle']} requests"
+        )
     for lv in report.levels:
         for err, n in lv.errors.items():
             console.print(f"[red]{lv.label}: {n} × {err}[/red]")

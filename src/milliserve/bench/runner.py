@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from milliserve._version import __version__
+from milliserve.bench.calibration import calibrate
+from milliserve.bench.cold_start import measure_cold_start
 from milliserve.bench.loadgen import Records, WorkerPool
 from milliserve.bench.results import LevelResult, summarize
 from milliserve.bench.server_metrics import scrape, server_split
@@ -45,6 +47,8 @@ class BenchConfig:
     metrics_url: str | None = None
     compare_url: str | None = None
     rounds: int = 3
+    calibrate: bool = True  # measure the tool against a null server first
+    cold_start: bool = False  # unload + load through the repository API first
 
     def check(self) -> None:
         """Raise ConfigError for arguments that cannot work, naming them."""
@@ -70,6 +74,8 @@ class BenchReport:
     levels: list[LevelResult]
     compare: list[dict[str, Any]] = field(default_factory=list)
     compare_levels: list[LevelResult] = field(default_factory=list)
+    calibration: dict[str, Any] | None = None
+    cold_start: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         c = self.config
@@ -92,6 +98,8 @@ class BenchReport:
             "machine": self.machine,
             "levels": [lv.as_dict() for lv in self.levels],
             "compare": {"target": c.compare_url, "levels": self.compare} if c.compare_url else None,
+            "calibration": self.calibration,
+            "cold_start": self.cold_start,
         }
 
 
@@ -219,6 +227,14 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
         )
         pools.append((WorkerPool(other, workers), None, other))
     report = BenchReport(cfg, _machine(workers), [])
+    if cfg.calibrate:
+        if progress:
+            progress("calibrating against a null server", 1.3)
+        report.calibration = calibrate(workers)
+    if cfg.cold_start:
+        if progress:
+            progress("cold start: unload, load, first requests", 5.0)
+        report.cold_start = measure_cold_start(workload).as_dict()
     try:
         for mode, level in cfg.levels():
             name = f"concurrency {level:g}" if mode == "closed" else f"{level:g} req/s"

@@ -133,6 +133,8 @@ def _bench(args: argparse.Namespace) -> int:
         metrics_url=args.metrics_url,
         compare_url=args.compare,
         rounds=args.rounds,
+        calibrate=not args.no_calibrate,
+        cold_start=args.cold_start,
     )
     console = Console(stderr=True)
     with Progress(
@@ -235,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--metrics-url", default=None, help="server Prometheus endpoint, for queue/compute split")
     b.add_argument("--compare", default=None, metavar="URL2", help="run URL2 too, A B A B, and print ratios")
     b.add_argument("--rounds", type=int, default=3, help="rounds per target with --compare (default 3)")
+    b.add_argument("--no-calibrate", action="store_true", help="skip the null-server calibration run")
+    b.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="unload and load the model through the repository API and measure the cold start",
+    )
     b.add_argument("--json", type=Path, default=None, help="write the results as JSON")
     b.add_argument("--csv", type=Path, default=None, help="write the results as CSV")
     b.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")

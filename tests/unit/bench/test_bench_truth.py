@@ -43,6 +43,7 @@ def fake_server(*args: str) -> Iterator[str]:
 
 
 def bench(url: str, **kw: object) -> dict:
+    kw.setdefault("calibrate", False)
     cfg = BenchConfig(url=url, model="fake", workers=1, **kw)  # type: ignore[arg-type]
     report = run_bench(cfg)
     return report.levels[0].as_dict() | {"_level": report.levels[0]}
