@@ -1,0 +1,47 @@
+"""fraud_mlp on LitServe, OIP-shaped route. python litserve_app.py MODEL PORT MAX_BATCH"""
+
+import sys
+
+import litserve as ls
+import numpy as np
+import onnxruntime as ort
+
+
+class FraudAPI(ls.LitAPI):
+    def setup(self, device):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        self.session = ort.InferenceSession(sys.argv[1], so)
+
+    def decode_request(self, request):
+        t = request["inputs"][0]
+        return np.asarray(t["data"], dtype=np.float32).reshape(t["shape"])
+
+    def batch(self, inputs):
+        return np.concatenate(inputs)
+
+    def predict(self, x):
+        return self.session.run(None, {"features": x})[0]
+
+    def unbatch(self, output):
+        return [row[None, :] for row in output]
+
+    def encode_response(self, output):
+        return {
+            "outputs": [
+                {
+                    "name": "probabilities",
+                    "datatype": "FP32",
+                    "shape": list(output.shape),
+                    "data": output.reshape(-1).tolist(),
+                }
+            ]
+        }
+
+
+if __name__ == "__main__":
+    batch = int(sys.argv[3])
+    api = FraudAPI(
+        max_batch_size=batch, batch_timeout=0.002 if batch > 1 else 0.0, api_path="/v2/models/fraud_mlp/infer"
+    )
+    ls.LitServer(api, accelerator="cpu", workers_per_device=1).run(port=int(sys.argv[2]), host="127.0.0.1")
