@@ -217,14 +217,21 @@ def build_workload(
         requests = json.loads(path.read_text())
         if target.protocol != "http" or not isinstance(requests, list) or not requests:
             raise ConfigError(f"{path}: give a non-empty JSON list of OIP request bodies (HTTP targets only)")
-        return Workload(target, model, version, [orjson.dumps(r) for r in requests],
-                        [{"Content-Type": "application/json"}] * len(requests))
+        return Workload(
+            target,
+            model,
+            version,
+            [orjson.dumps(r) for r in requests],
+            [{"Content-Type": "application/json"}] * len(requests),
+        )
     meta, max_batch = fetch_model(target, model, version)
     shapes = shapes or {}
     unknown = sorted(set(shapes) - {t["name"] for t in meta["inputs"]})
     if unknown:
-        raise ConfigError(f"--shape names {unknown}, which are not inputs of {model!r} "
-                          f"({[t['name'] for t in meta['inputs']]})")
+        raise ConfigError(
+            f"--shape names {unknown}, which are not inputs of {model!r} "
+            f"({[t['name'] for t in meta['inputs']]})"
+        )
     if batch < 1 or (max_batch and batch > max_batch):
         raise ConfigError(f"batch size {batch} is outside 1..{max_batch or 1} for model {model!r}")
     rng = np.random.default_rng(0)

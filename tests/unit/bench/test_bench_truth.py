@@ -94,8 +94,17 @@ def test_stability_mode_runs_windows_until_three_agree() -> None:
 
 def test_compare_runs_both_targets_and_reports_ratios() -> None:
     with fake_server("--latency-ms", "1") as fast, fake_server("--latency-ms", "3") as slow:
-        cfg = BenchConfig(url=fast, model="fake", workers=1, concurrency=[1], duration_s=1.0, warmup_s=0.2,
-                          compare_url=slow, rounds=2, calibrate=False)
+        cfg = BenchConfig(
+            url=fast,
+            model="fake",
+            workers=1,
+            concurrency=[1],
+            duration_s=1.0,
+            warmup_s=0.2,
+            compare_url=slow,
+            rounds=2,
+            calibrate=False,
+        )
         report = run_bench(cfg)
     (row,) = report.compare
     assert 2.0 <= row["b_over_a"]["p50"] <= 3.2  # ~3.1 ms against ~1.1 ms
