@@ -33,6 +33,8 @@ METADATA = orjson.dumps(
     }
 )
 CONFIG = orjson.dumps({"name": "fake", "max_batch_size": 64})
+SERVER = orjson.dumps({"name": "fake", "version": "0", "extensions": []})
+STATS = orjson.dumps({"model_stats": []})
 ANSWER = orjson.dumps(
     {
         "model_name": "fake",
@@ -103,6 +105,10 @@ class _Handler(asyncio.Protocol):
                 self.transport.write(await self._infer())
             elif path.rstrip("/").endswith("/config"):
                 self.transport.write(_response(200, CONFIG))
+            elif path.rstrip("/").endswith("/stats"):
+                self.transport.write(_response(200, STATS))
+            elif path.rstrip("/") == "/v2":
+                self.transport.write(_response(200, SERVER))
             elif path.startswith("/v2/models/fake"):
                 self.transport.write(_response(200, b"{}" if path.endswith("/ready") else METADATA))
             elif path.startswith("/v2/health"):
