@@ -25,8 +25,9 @@ from pathlib import Path
 
 from report_sections import write_section
 
+from milliserve.bench.fake_server import fake_server_process
 from milliserve.examples.fraud_mlp import build_fraud_mlp
-from milliserve.testing import ServerProcess, free_port
+from milliserve.testing import ServerProcess
 
 
 def perf_analyzer() -> tuple[str, dict[str, str]]:
@@ -107,22 +108,17 @@ def main() -> None:
     pa, env = perf_analyzer()
     work = Path(tempfile.mkdtemp(prefix="ms-pa-"))
     build_fraud_mlp(work / "repo")
-    null_port = free_port()
-    null = subprocess.Popen([sys.executable, "-m", "milliserve.bench.fake_server", "--port", str(null_port)])
     rows = []
-    try:
-        with ServerProcess(work / "repo") as server:
-            for label, url, model in (
-                ("fraud_mlp on milliserve", server.http_url, "fraud_mlp"),
-                ("null server (zero latency)", f"127.0.0.1:{null_port}", "fake"),
-            ):
-                for conc in (1, 8):
-                    rows.append(
-                        (label, conc, *compare(pa, env, url, model, conc, args.rounds, args.seconds, work))
-                    )
-    finally:
-        null.terminate()
-        null.wait(10)
+    with ServerProcess(work / "repo") as server, fake_server_process() as null_url:
+        targets = (
+            ("fraud_mlp on milliserve", server.http_url, "fraud_mlp"),
+            ("null server (zero latency)", null_url.removeprefix("http://"), "fake"),
+        )
+        for label, url, model in targets:
+            for conc in (1, 8):
+                rows.append(
+                    (label, conc, *compare(pa, env, url, model, conc, args.rounds, args.seconds, work))
+                )
     lines = [
         "## milliserve bench against perf_analyzer",
         "",

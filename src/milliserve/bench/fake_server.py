@@ -15,13 +15,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-__all__ = ["FakeBehaviour", "serve_fake"]
+__all__ = ["FakeBehaviour", "fake_server_process", "serve_fake"]
 
 METADATA = orjson.dumps(
     {
@@ -140,6 +146,39 @@ async def serve_fake(port: int, behaviour: FakeBehaviour, host: str = "127.0.0.1
     server = await loop.create_server(lambda: _Handler(behaviour, state), host, port)
     async with server:
         await server.serve_forever()
+
+
+def _free_port() -> int:
+    with closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def fake_server_process(*args: str) -> Iterator[str]:
+    """Run the fake server in a subprocess on a free loopback port (command-line ``args`` as
+    for ``main``); yields its base URL once it answers, and stops it on exit."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "milliserve.bench.fake_server", "--port", str(port), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the fake OIP server did not start") from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def main() -> None:

@@ -6,40 +6,12 @@ loopback port; the load generator runs its real worker processes.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 
+from milliserve.bench.fake_server import fake_server_process
 from milliserve.bench.runner import BenchConfig, run_bench
-from milliserve.testing import free_port
 
-
-@contextmanager
-def fake_server(*args: str) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "milliserve.bench.fake_server", "--port", str(port), *args]
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
+fake_server = fake_server_process
 
 
 def bench(url: str, **kw: object) -> dict:
