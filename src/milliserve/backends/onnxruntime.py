@@ -33,7 +33,7 @@ from milliserve.errors import BackendError, ConfigError, InvalidInputError
 from milliserve.protocol.datatypes import BYTES
 from milliserve.protocol.types import TensorSpec
 
-__all__ = ["OnnxRuntimeBackend", "OrtOptions", "parse_ort_options"]
+__all__ = ["OnnxRuntimeBackend", "OrtOptions", "parse_ort_options", "tensor_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def parse_ort_options(config: ModelConfig) -> OrtOptions:
     )
 
 
-def _spec(node: Any) -> TensorSpec:
+def tensor_spec(node: Any) -> TensorSpec:
     datatype = _ORT_TYPES.get(node.type)
     if datatype is None:
         raise BackendError(f"tensor {node.name!r} has type {node.type}, which milliserve cannot serve")
@@ -173,8 +173,8 @@ class OnnxRuntimeBackend:
         except Exception as exc:  # ORT raises its own exception types; report them uniformly
             raise BackendError(f"onnxruntime could not load {model_path}: {exc}") from exc
         self._info = BackendInfo(
-            inputs=tuple(_spec(i) for i in self._session.get_inputs()),
-            outputs=tuple(_spec(o) for o in self._session.get_outputs()),
+            inputs=tuple(tensor_spec(i) for i in self._session.get_inputs()),
+            outputs=tuple(tensor_spec(o) for o in self._session.get_outputs()),
             platform="onnxruntime_onnx",
             notes=tuple(notes),
         )

@@ -171,6 +171,37 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _optimize(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from milliserve.optimize.api import optimize
+
+    console = Console(stderr=True)
+    with console.status("optimizing") as status:
+        report = optimize(
+            args.source,
+            args.eval,
+            args.output,
+            args.calibration,
+            args.tolerance,
+            args.metric,
+            args.latency,
+            args.threads,
+            only=args.variant,
+            progress=lambda what: status.update(f"{what} ..."),
+        )
+    print((args.output / "report.md").read_text())
+    if report.winner is None:
+        console.print(
+            f"[red]no variant kept {args.metric} within {args.tolerance} of FP32; nothing shipped[/red]"
+        )
+        return 1
+    console.print(
+        f"shipped {report.winner} to {args.output}; serve it with: milliserve serve {args.output.parent}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="milliserve", description="Real-time ML inference server.")
     parser.add_argument("--version", action="version", version=f"milliserve {__version__}")
@@ -247,6 +278,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--csv", type=Path, default=None, help="write the results as CSV")
     b.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")
     b.set_defaults(func=_bench)
+
+    o = sub.add_parser("optimize", help="build, measure and ship the fastest variant of an ONNX model")
+    o.add_argument("source", type=Path, help="an .onnx model")
+    o.add_argument("--eval", type=Path, required=True, help=".npz of inputs (and 'labels' for accuracy)")
+    o.add_argument("--calibration", type=Path, default=None, help=".npz of inputs for static INT8")
+    o.add_argument(
+        "--tolerance", type=float, default=0.01, help="allowed quality drop from FP32 (default 0.01)"
+    )
+    o.add_argument("--metric", choices=("accuracy", "cosine"), default="accuracy")
+    o.add_argument("--latency", default="p99_b1_us", help="what 'fastest' means (default p99_b1_us)")
+    o.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads while measuring (default 1)")
+    o.add_argument("--variant", action="append", help="build only these variants (repeatable)")
+    o.add_argument("--output", type=Path, required=True, help="REPO/NAME to write the winner into")
+    o.set_defaults(func=_optimize)
 
     d = sub.add_parser("demo", help="build the examples, serve them, call them with tritonclient")
     d.add_argument("--dir", type=Path, default=DEFAULT_EXAMPLE_REPO)

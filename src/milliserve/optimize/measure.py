@@ -1,0 +1,144 @@
+"""Score and time every variant fairly: the same evaluation data, one pinned thread
+count, and latency measured round-robin (A B C A B C ...) in one process."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from milliserve.errors import ConfigError
+
+__all__ = ["EvalSet", "Timing", "load_arrays", "measure", "predict", "score"]
+
+Feeds = dict[str, np.ndarray[Any, Any]]
+BATCHES = (1, 8, 32)
+
+
+@dataclass
+class EvalSet:
+    inputs: Feeds
+    labels: np.ndarray[Any, Any] | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(next(iter(self.inputs.values())))
+
+
+def load_arrays(path: Path) -> EvalSet:
+    """Read an .npz of named input arrays (plus optional ``labels``). Pickles are refused."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{path}: not a readable .npz of arrays ({exc})") from None
+    labels = arrays.pop("labels", None)
+    if not arrays:
+        raise ConfigError(f"{path}: holds no input arrays")
+    rows = {len(a) for a in arrays.values()}
+    if len(rows) != 1 or (labels is not None and len(labels) not in rows):
+        raise ConfigError(f"{path}: arrays disagree on the number of rows ({sorted(rows)})")
+    return EvalSet(arrays, labels)
+
+
+def _session(path: Path, threads: int) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.log_severity_level = 4
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def check_inputs(path: Path, data: EvalSet, what: str) -> None:
+    """Raise ConfigError when the data's names or shapes do not fit the model."""
+    sess = _session(path, 1)
+    wanted = {i.name: i for i in sess.get_inputs()}
+    if set(wanted) != set(data.inputs):
+        raise ConfigError(f"{what} has inputs {sorted(data.inputs)} but the model takes {sorted(wanted)}")
+    for name, arr in data.inputs.items():
+        dims = wanted[name].shape
+        fixed = [(i, d) for i, d in enumerate(dims) if isinstance(d, int) and i > 0]
+        if len(dims) != arr.ndim or any(arr.shape[i] != d for i, d in fixed):
+            raise ConfigError(
+                f"{what} input {name!r} has shape {list(arr.shape)} but the model expects {dims}"
+            )
+
+
+def predict(path: Path, data: EvalSet, threads: int = 1, chunk: int = 256) -> np.ndarray[Any, Any]:
+    """The model's first output over the whole set, in chunks."""
+    sess = _session(path, threads)
+    outs = []
+    for start in range(0, data.rows, chunk):
+        feeds = {k: v[start : start + chunk] for k, v in data.inputs.items()}
+        outs.append(sess.run(None, feeds)[0])
+    return np.concatenate(outs)
+
+
+def score(
+    metric: str, outputs: np.ndarray[Any, Any], data: EvalSet, reference: np.ndarray[Any, Any]
+) -> float:
+    """``accuracy`` against the labels, or mean ``cosine`` similarity to the FP32 outputs."""
+    if metric == "accuracy":
+        if data.labels is None:
+            raise ConfigError("metric 'accuracy' needs a 'labels' array in the EVAL file")
+        return float((outputs.argmax(-1) == data.labels).mean())
+    a = outputs.reshape(len(outputs), -1).astype(np.float64)
+    b = reference.reshape(len(reference), -1).astype(np.float64)
+    cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    return float(cos.mean())
+
+
+@dataclass
+class Timing:
+    samples: dict[int, list[float]] = field(default_factory=lambda: {b: [] for b in BATCHES})
+    rss_mb: float = 0.0
+
+    def summary(self) -> dict[str, float]:
+        out: dict[str, float] = {"rss_mb": round(self.rss_mb, 1)}
+        for b, s in self.samples.items():
+            if s:
+                out[f"p50_b{b}_us"] = float(np.percentile(s, 50) * 1e6)
+                out[f"p99_b{b}_us"] = float(np.percentile(s, 99) * 1e6)
+                out[f"throughput_b{b}"] = float(b / np.median(s))
+        return out
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096 / 2**20
+    except OSError:
+        return 0.0
+
+
+def measure(
+    paths: dict[str, Path], data: EvalSet, threads: int = 1, rounds: int = 5, seconds_per_round: float = 0.2
+) -> dict[str, dict[str, float]]:
+    """Latency per variant and batch size, interleaved round-robin with the thread count pinned."""
+    sessions, timings = {}, {}
+    for name, path in paths.items():
+        before = _rss_mb()
+        sessions[name] = _session(path, threads)
+        timings[name] = Timing()
+        feeds = {k: v[:1] for k, v in data.inputs.items()}
+        sessions[name].run(None, feeds)
+        timings[name].rss_mb = _rss_mb() - before
+    batches = {b: {k: np.resize(v, (b, *v.shape[1:])) for k, v in data.inputs.items()} for b in BATCHES}
+    for _ in range(rounds):
+        for name, sess in sessions.items():  # A B C A B C ...
+            for b, feeds in batches.items():
+                deadline = time.perf_counter() + seconds_per_round / len(BATCHES)
+                sess.run(None, feeds)  # the first call after switching models is not timed
+                while time.perf_counter() < deadline:
+                    t0 = time.perf_counter()
+                    sess.run(None, feeds)
+                    timings[name].samples[b].append(time.perf_counter() - t0)
+    return {name: t.summary() for name, t in timings.items()}

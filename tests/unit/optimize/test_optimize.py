@@ -1,0 +1,131 @@
+"""milliserve optimize on the example fraud MLP: variants, selection, the shipped repository."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from milliserve.errors import ConfigError
+from milliserve.examples.fraud_mlp import synthetic_transactions
+from milliserve.optimize.api import optimize
+from milliserve.optimize.cpu import cpu_info
+from milliserve.optimize.measure import EvalSet, predict
+from milliserve.optimize.select import Candidate, pareto_front, select, suggest_batching
+from milliserve.optimize.variants import build_variants
+from milliserve.testing import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("opt-data")
+    x, y = synthetic_transactions(1500, seed=11)
+    np.savez(d / "eval.npz", features=x, labels=y)
+    np.savez(d / "calib.npz", features=x[:256])
+    return d / "eval.npz", d / "calib.npz"
+
+
+def test_each_variant_stays_close_to_fp32(example_repo: Path, tmp_path: Path) -> None:
+    source = example_repo / "fraud_mlp" / "1" / "model.onnx"
+    x, _ = synthetic_transactions(300, seed=5)
+    calib = [{"features": x[i : i + 16]} for i in range(0, 128, 16)]
+    variants = build_variants(source, tmp_path, cpu_info(), calib)
+    assert {v.name for v in variants if v.path} >= {
+        "fp32",
+        "ort_optimized",
+        "fp16",
+        "int8_dynamic",
+        "int8_static_minmax",
+        "int8_static_entropy",
+        "int8_static_percentile",
+    }
+    data = EvalSet({"features": x})
+    ref = predict(source, data)
+    tolerance = {"fp32": 1e-6, "ort_optimized": 1e-5, "fp16": 1e-2}
+    for v in variants:
+        assert v.path is not None, v.skipped
+        got = predict(v.path, data)
+        atol = tolerance.get(v.name, 0.1)  # INT8 variants: probabilities within 0.1
+        np.testing.assert_allclose(got, ref, atol=atol, err_msg=v.name)
+
+
+def test_static_int8_without_calibration_is_skipped_with_a_reason(example_repo: Path, tmp_path: Path) -> None:
+    source = example_repo / "fraud_mlp" / "1" / "model.onnx"
+    variants = build_variants(source, tmp_path, cpu_info(), None, only=["fp32", "int8_static_minmax"])
+    skipped = {v.name: v.skipped for v in variants}
+    assert skipped["fp32"] == "" and "needs calibration data" in skipped["int8_static_minmax"]
+
+
+def test_selection_picks_the_fastest_within_tolerance() -> None:
+    cands = [
+        Candidate("fp32", 0.90, {"p99_b1_us": 100.0}),
+        Candidate("int8", 0.895, {"p99_b1_us": 40.0}),
+        Candidate("int8_bad", 0.80, {"p99_b1_us": 30.0}),
+        Candidate("fp16", 0.90, {"p99_b1_us": 120.0}),
+    ]
+    assert select(cands, 0.90, 0.01).name == "int8"  # type: ignore[union-attr]
+    assert select(cands, 0.90, 0.001).name == "fp32"  # type: ignore[union-attr]
+    assert select(cands, 0.99, 0.0) is None
+    assert pareto_front(cands) == ["fp32", "int8", "int8_bad"]
+    curve = {"p50_b1_us": 10.0, "p50_b8_us": 20.0, "p50_b32_us": 70.0}
+    # per item: 10, 2.5 and 2.19 µs; 8 is within 20% of the best, and the smallest such batch
+    assert suggest_batching(curve) == {"preferred_batch_size": [8], "max_queue_delay_microseconds": 50}
+
+
+def test_cli_ships_a_repository_that_milliserve_serves(
+    example_repo: Path, data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    eval_path, calib = data
+    out = tmp_path / "repo" / "fraud_opt"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "milliserve",
+            "optimize",
+            str(example_repo / "fraud_mlp" / "1" / "model.onnx"),
+            "--eval",
+            str(eval_path),
+            "--calibration",
+            str(calib),
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    for name in ("report.md", "report.json", "pareto.png", "config.pbtxt", "1/model.onnx"):
+        assert (out / name).is_file(), name
+    assert "| int8_dynamic" in (out / "report.md").read_text()
+    x, _ = synthetic_transactions(4, seed=1)
+    expected = predict(out / "1" / "model.onnx", EvalSet({"features": x}))
+    with ServerProcess(out.parent) as server, httpclient.InferenceServerClient(server.http_url) as client:
+        inp = httpclient.InferInput("features", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        got = client.infer("fraud_opt", [inp]).as_numpy("probabilities")
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_bad_inputs_are_named(example_repo: Path, data: tuple[Path, Path], tmp_path: Path) -> None:
+    source = example_repo / "fraud_mlp" / "1" / "model.onnx"
+    eval_path, _ = data
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, features=np.zeros((4, 63), np.float32), labels=np.zeros(4))
+    with pytest.raises(ConfigError, match=r"input 'features' has shape \[4, 63\]"):
+        optimize(source, wrong, tmp_path / "r" / "m")
+    unlabelled = tmp_path / "unlabelled.npz"
+    np.savez(unlabelled, features=np.zeros((4, 64), np.float32))
+    with pytest.raises(ConfigError, match="needs a 'labels' array"):
+        optimize(source, unlabelled, tmp_path / "r" / "m", only=["fp32"])
+    with pytest.raises(ConfigError, match=r"give an \.onnx file"):
+        optimize(tmp_path / "model.pt", eval_path, tmp_path / "r" / "m")
+    renamed = tmp_path / "renamed.npz"
+    np.savez(renamed, x=np.zeros((4, 64), np.float32))
+    with pytest.raises(ConfigError, match=r"has inputs \['x'\] but the model takes \['features'\]"):
+        optimize(source, renamed, tmp_path / "r" / "m")
