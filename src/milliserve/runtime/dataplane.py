@@ -59,16 +59,13 @@ class DataPlane:
         return self.registry.get(name, version).config
 
     def model_statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
-        if name:
-            runtimes = (
-                [self.registry.get(name, version)]
-                if version
-                else [self.registry.get(name, v) for v in self.registry.versions(name)]
-            )
-            if not runtimes:
-                self.registry.get(name)  # raises the right not-ready/not-found error
-        else:
+        if not name:
             runtimes = self.registry.all_ready()
+        elif version:
+            runtimes = [self.registry.get(name, version)]
+        else:
+            self.registry.get(name)  # the not-found / not-ready error, if any
+            runtimes = [self.registry.get(name, v) for v in self.registry.versions(name)]
         return [rt.stats.as_dict() for rt in runtimes]
 
     # ---- inference ----

@@ -108,7 +108,7 @@ class ModelRuntime:
         self.config = config
         self.version = version
         self.info = info
-        self.label = f"{config.name}" if version == "1" else f"{config.name}:{version}"
+        self.label = f"{config.name}:{version}"
         self._backends = backends
         self._executor = executor
         self.io = ModelIO(

@@ -57,7 +57,6 @@ class Server:
         self.dataplane = DataPlane(self.registry, model_control=settings.model_control_mode == "explicit")
         self._uvicorns: list[tuple[_Uvicorn, asyncio.Task[None]]] = []
         self._grpc: Any = None
-        self._stopped: asyncio.Event | None = None
 
     def http_app(self) -> HttpApp:
         """The ASGI application of this server (to mount elsewhere, or test in-process)."""
@@ -90,7 +89,6 @@ class Server:
     async def start(self) -> None:
         """Open the ports, then load the models (health/live answers while they load)."""
         s = self.settings
-        self._stopped = asyncio.Event()
         if s.http.enabled:
             await self._start_uvicorn(self._uvicorn(self.http_app(), s.http.port, s.shutdown_grace_s), "http")
         if s.grpc.enabled:
@@ -134,8 +132,6 @@ class Server:
         await self.registry.close()
         self.executor.shutdown()
         self.executor.unpin_event_loop()
-        if self._stopped is not None:
-            self._stopped.set()
         log.info("stopped")
 
     async def run_until_signal(self) -> None:
