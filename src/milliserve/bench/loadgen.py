@@ -84,10 +84,11 @@ class _HttpConn:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def request(self, raw: bytes) -> tuple[int, bytes]:
+    async def request(self, parts: tuple[bytes, ...]) -> tuple[int, bytes]:
         if self.writer is None or self.reader is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        self.writer.write(raw)
+        for part in parts:  # each write goes out at once (TCP_NODELAY): one send per part
+            self.writer.write(part)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         length = 0
@@ -106,13 +107,13 @@ class _HttpConn:
         self.reader = self.writer = None
 
 
-def _raw_http(w: Workload) -> list[bytes]:
-    out = []
+def _raw_http(w: Workload) -> list[tuple[bytes, ...]]:
+    out: list[tuple[bytes, ...]] = []
     for body, headers in zip(w.bodies, w.headers, strict=True):
         head = f"POST {w.path} HTTP/1.1\r\nHost: {w.target.host}:{w.target.port}\r\n"
         head += f"Content-Length: {len(body)}\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
-        out.append(head.encode() + body)
+        out.append((head.encode(), body) if w.split_writes else (head.encode() + body,))
     return out
 
 
@@ -123,7 +124,7 @@ class _Sender:
         self.w, self.rec = w, rec
         self.n = 0
         self.idle: list[_HttpConn] = []
-        self.raw = _raw_http(w) if w.target.protocol == "http" else w.bodies
+        self.raw = _raw_http(w) if w.target.protocol == "http" else [(b,) for b in w.bodies]
         self.grpc_call: Any = None
         self.channel: Any = None
 
@@ -141,14 +142,14 @@ class _Sender:
             await self.channel.close()
 
     async def send(self, intended: float) -> None:
-        body = self.raw[self.n % len(self.raw)]
+        parts = self.raw[self.n % len(self.raw)]
         self.n += 1
         sent = time.monotonic()
         if self.grpc_call is not None:
             import grpc
 
             try:
-                await self.grpc_call(body, timeout=60)
+                await self.grpc_call(parts[0], timeout=60)
                 self.rec.add(intended, sent, time.monotonic(), 200)
             except grpc.aio.AioRpcError as exc:
                 self.rec.add(
@@ -157,7 +158,7 @@ class _Sender:
             return
         conn = self.idle.pop() if self.idle else _HttpConn(self.w.target.host, self.w.target.port)
         try:
-            status, resp = await conn.request(body)
+            status, resp = await conn.request(parts)
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             conn.close()
             self.rec.add(intended, sent, time.monotonic(), CONNECT_ERROR, f"{type(exc).__name__}: {exc}")

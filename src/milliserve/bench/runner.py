@@ -43,6 +43,7 @@ class BenchConfig:
     data: str = "random"
     shapes: dict[str, list[int]] = field(default_factory=dict)
     binary: bool = True
+    split_writes: bool = False  # HTTP: head and body in two sends, like libcurl
     workers: int = 0  # 0: one per core
     metrics_url: str | None = None
     compare_url: str | None = None
@@ -93,6 +94,7 @@ class BenchReport:
                 "batch": c.batch,
                 "data": c.data,
                 "binary": c.binary,
+                "split_writes": c.split_writes,
                 "workers": c.workers,
             },
             "machine": self.machine,
@@ -216,6 +218,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
     cfg.check()
     target = parse_target(cfg.url)
     workload = build_workload(target, cfg.model, cfg.version, cfg.batch, cfg.data, cfg.shapes, cfg.binary)
+    workload.split_writes = cfg.split_writes
     workers = cfg.workers or max(1, min(os.cpu_count() or 1, 4))
     cfg.workers = workers
     pools: list[tuple[WorkerPool, str | None, Workload]] = [
@@ -225,6 +228,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
         other = build_workload(
             parse_target(cfg.compare_url), cfg.model, cfg.version, cfg.batch, cfg.data, cfg.shapes, cfg.binary
         )
+        other.split_writes = cfg.split_writes
         pools.append((WorkerPool(other, workers), None, other))
     report = BenchReport(cfg, _machine(workers), [])
     if cfg.calibrate:

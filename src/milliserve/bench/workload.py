@@ -49,6 +49,9 @@ class Workload:
     bodies: list[bytes]
     # HTTP only: headers per body (binary extension needs Inference-Header-Content-Length)
     headers: list[dict[str, str]] = field(default_factory=list)
+    # HTTP only: send the request head and body in two writes, as libcurl does (perf_analyzer,
+    # the C++ tritonclient). The server then wakes twice per request, which costs it CPU.
+    split_writes: bool = False
 
     @property
     def path(self) -> str:

@@ -97,6 +97,16 @@ def _levels(text: str, kind: type) -> list:  # type: ignore[type-arg]
         raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,2,4 or a range like 1:16") from None
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of positive sizes like 1,8,32")
+    return values
+
+
 def _shape(text: str) -> tuple[str, list[int]]:
     name, _, dims = text.partition(":")
     try:
@@ -129,6 +139,7 @@ def _bench(args: argparse.Namespace) -> int:
         data=args.data,
         shapes=dict(args.shape or []),
         binary=not args.json_tensors,
+        split_writes=args.split_writes,
         workers=args.workers,
         metrics_url=args.metrics_url,
         compare_url=args.compare,
@@ -264,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--data", default="random", help="random, zero, or a JSON file of OIP request bodies")
     b.add_argument("--json-tensors", action="store_true", help="HTTP: JSON tensors instead of binary")
+    b.add_argument(
+        "--split-writes",
+        action="store_true",
+        help="HTTP: send each request's head and body in two writes, as libcurl (perf_analyzer) does",
+    )
     b.add_argument("--workers", type=int, default=0, help="client processes (default: one per core, up to 4)")
     b.add_argument("--metrics-url", default=None, help="server Prometheus endpoint, for queue/compute split")
     b.add_argument("--compare", default=None, metavar="URL2", help="run URL2 too, A B A B, and print ratios")
