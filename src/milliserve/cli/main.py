@@ -183,24 +183,31 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from milliserve.optimize.api import optimize
+    from milliserve.optimize.progress import RichProgress
+    from milliserve.optimize.torch_variants import TrainConfig
 
-    console = Console(stderr=True)
-    with console.status("optimizing") as status:
-        report = optimize(
-            args.source,
-            args.eval,
-            args.output,
-            args.calibration,
-            args.tolerance,
-            args.metric,
-            args.latency,
-            args.threads,
-            only=args.variant,
-            progress=lambda what: status.update(f"{what} ..."),
-        )
+    progress = RichProgress()
+    console = progress.console
+    report = optimize(
+        args.source,
+        args.eval,
+        args.output,
+        args.calibration,
+        args.tolerance,
+        args.metric,
+        args.latency,
+        args.threads,
+        only=args.variant,
+        progress=progress,
+        train_path=args.train,
+        prune_amount=args.prune,
+        student=args.student,
+        student_layers=args.student_layers,
+        train_config=TrainConfig(epochs=args.epochs, temperature=args.temperature, alpha=args.alpha),
+        batches=tuple(args.batches),
+        rounds=args.rounds,
+    )
     print((args.output / "report.md").read_text())
     if report.winner is None:
         console.print(
@@ -295,14 +302,34 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")
     b.set_defaults(func=_bench)
 
-    o = sub.add_parser("optimize", help="build, measure and ship the fastest variant of an ONNX model")
-    o.add_argument("source", type=Path, help="an .onnx model")
+    o = sub.add_parser("optimize", help="build, measure and ship the fastest variant of a model")
+    o.add_argument(
+        "source",
+        help="an .onnx model, a TorchScript file, or package.module:factory returning (nn.Module, example)",
+    )
     o.add_argument("--eval", type=Path, required=True, help=".npz of inputs (and 'labels' for accuracy)")
     o.add_argument("--calibration", type=Path, default=None, help=".npz of inputs for static INT8")
     o.add_argument(
         "--tolerance", type=float, default=0.01, help="allowed quality drop from FP32 (default 0.01)"
     )
-    o.add_argument("--metric", choices=("accuracy", "cosine"), default="accuracy")
+    o.add_argument(
+        "--metric", default="accuracy", help="accuracy (needs labels), cosine (to FP32), or module:function"
+    )
+    o.add_argument(
+        "--train", type=Path, default=None, help=".npz of inputs and labels for fine-tuning and distillation"
+    )
+    o.add_argument("--prune", type=float, default=0.5, help="pruning amount, 0..1 (default 0.5)")
+    o.add_argument("--student", default=None, help="module:factory returning the student nn.Module")
+    o.add_argument(
+        "--student-layers", type=int, default=None, help="keep this many teacher layers (default a third)"
+    )
+    o.add_argument("--epochs", type=int, default=2, help="fine-tuning and distillation epochs (default 2)")
+    o.add_argument("--temperature", type=float, default=2.0, help="distillation temperature (default 2)")
+    o.add_argument(
+        "--alpha", type=float, default=0.5, help="weight of the teacher's soft targets (default 0.5)"
+    )
+    o.add_argument("--batches", default="1,8,32", type=_ints, help="batch sizes to time (default 1,8,32)")
+    o.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
     o.add_argument("--latency", default="p99_b1_us", help="what 'fastest' means (default p99_b1_us)")
     o.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads while measuring (default 1)")
     o.add_argument("--variant", action="append", help="build only these variants (repeatable)")

@@ -6,16 +6,45 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from milliserve.errors import ConfigError
-from milliserve.optimize.cpu import cpu_info
-from milliserve.optimize.measure import EvalSet, check_inputs, load_arrays, measure, predict, score
+from milliserve.optimize.cpu import CpuInfo, cpu_info
+from milliserve.optimize.measure import (
+    BATCHES,
+    EvalSet,
+    check_inputs,
+    load_arrays,
+    measure,
+    metric_function,
+    predict,
+    score,
+)
+from milliserve.optimize.progress import Progress, quiet
 from milliserve.optimize.select import Candidate, pareto_front, select, suggest_batching
-from milliserve.optimize.variants import Variant, build_variants
+from milliserve.optimize.sources import (
+    ExportError,
+    Source,
+    TorchModel,
+    export_onnx,
+    load_module_factory,
+    load_source,
+    with_example,
+)
+from milliserve.optimize.torch_variants import (
+    CannotApply,
+    TrainConfig,
+    distill,
+    finish_pruning,
+    layer_stack,
+    magnitude_prune,
+    sparsity,
+    structured_prune,
+    student_from_layers,
+)
+from milliserve.optimize.variants import Variant, build_variants, wanted_by
 
 __all__ = ["OptimizeReport", "optimize"]
 
@@ -33,6 +62,7 @@ class OptimizeReport:
     winner: str | None = None
     pareto: list[str] = field(default_factory=list)
     output: str | None = None
+    batches: list[int] = field(default_factory=lambda: list(BATCHES))
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -79,8 +109,102 @@ def _config_pbtxt(name: str, model: Path, batching: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _torch_variants(
+    src: Source,
+    work: Path,
+    cpu: CpuInfo,
+    train: EvalSet | None,
+    opts: _Options,
+    progress: Progress,
+) -> list[Variant]:
+    """Pruning and distillation of a PyTorch source, each exported then quantized."""
+    names = ("pruned_magnitude", "pruned_structured", "student")
+    wanted = wanted_by(opts.only)
+    if src.torch is None:
+        return [Variant(n, None, skipped="needs a PyTorch source") for n in names if wanted(n)]
+    teacher = src.torch
+    out: list[Variant] = []
+
+    def ship(name: str, module: Any, note: str, quantize: tuple[str, ...]) -> None:
+        try:
+            path = export_onnx(
+                TorchModel(module, teacher.example, list(teacher.output_names)), work / f"{name}.onnx"
+            )
+        except ExportError as exc:
+            out.append(Variant(name, None, skipped=str(exc)))
+            return
+        out.append(Variant(name, path, note))
+        if quantize:
+            out.extend(
+                build_variants(
+                    path, work, cpu, None, opts.only, progress, prefix=f"{name}_", builders=quantize
+                )
+            )
+
+    tuned = (
+        " and fine-tuned (distilled from the original)"
+        if train is not None
+        else ", not fine-tuned (no --train)"
+    )
+    if wanted("pruned_magnitude"):
+        progress.stage("pruned_magnitude")
+        pruned = magnitude_prune(teacher.module, opts.prune_amount)
+        if train is not None:
+            distill(pruned, teacher.module, train, opts.train, progress, "fine-tuning pruned_magnitude")
+        finish_pruning(pruned)
+        ship(
+            "pruned_magnitude",
+            pruned,
+            f"{sparsity(pruned):.0%} of Linear/Conv weights zeroed (global L1){tuned}; "
+            "ONNX Runtime's dense kernels still multiply the zeros",
+            (),
+        )
+    if wanted("pruned_structured"):
+        progress.stage("pruned_structured")
+        try:
+            pruned, what = structured_prune(teacher.module, opts.prune_amount)
+        except CannotApply as exc:
+            out.append(Variant("pruned_structured", None, skipped=str(exc)))
+        else:
+            if train is not None:
+                distill(pruned, teacher.module, train, opts.train, progress, "fine-tuning pruned_structured")
+            ship("pruned_structured", pruned, f"{what}{tuned}", ("int8_dynamic",))
+    if wanted("student"):
+        progress.stage("student")
+        if train is None:
+            out.append(Variant("student", None, skipped="distillation needs training data (--train)"))
+            return out
+        try:
+            if opts.student:
+                module = load_module_factory(opts.student)
+                what = f"{opts.student}"
+            else:
+                stack = layer_stack(teacher.module)
+                depth = len(getattr(stack[0], stack[1].rsplit(".", 1)[-1])) if stack else 0
+                module, what = student_from_layers(teacher.module, opts.student_layers or max(1, depth // 3))
+        except (CannotApply, ConfigError) as exc:
+            out.append(Variant("student", None, skipped=str(exc)))
+            return out
+        cfg = opts.train
+        distill(module, teacher.module, train, cfg, progress, "distilling the student")
+        note = (
+            f"student: {what}, distilled (KL at T={cfg.temperature}, alpha={cfg.alpha}, {cfg.epochs} epochs)"
+        )
+        ship("student", module, note, ("bert_fused", "int8_dynamic"))
+    return out
+
+
+@dataclass
+class _Options:
+    only: list[str] | None
+    prune_amount: float
+    student: str | None
+    student_layers: int | None
+    train: TrainConfig
+
+
 def optimize(
-    source: Path,
+    source: str | Path,
     eval_path: Path,
     output: Path,
     calibration_path: Path | None = None,
@@ -90,39 +214,69 @@ def optimize(
     threads: int = 1,
     work_dir: Path | None = None,
     only: list[str] | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress = quiet,
+    train_path: Path | None = None,
+    prune_amount: float = 0.5,
+    student: str | None = None,
+    student_layers: int | None = None,
+    train_config: TrainConfig | None = None,
+    batches: tuple[int, ...] = BATCHES,
+    rounds: int = 5,
 ) -> OptimizeReport:
     """Run the search and write ``output`` (``REPO/NAME``) with the winner, plus the report files.
 
-    Raises ConfigError for a missing source, EVAL data that does not fit the model,
-    or a metric the data cannot support. Variants that fail are reported as skipped.
+    ``source`` is an .onnx file, a TorchScript file or ``package.module:factory``; ``metric``
+    is ``accuracy``, ``cosine`` or ``module:function``. Raises ConfigError for a missing
+    source, EVAL data that does not fit the model, or a metric the data cannot support;
+    ExportError when a PyTorch source cannot be exported. Variants that fail are reported
+    as skipped.
     """
-    if not source.is_file() or source.suffix != ".onnx":
-        raise ConfigError(f"{source}: give an .onnx file (PyTorch sources are not supported yet)")
-    if metric not in ("accuracy", "cosine"):
-        raise ConfigError(f"metric {metric!r}: choose accuracy or cosine")
+    if metric not in ("accuracy", "cosine") and ":" not in metric:
+        raise ConfigError(f"metric {metric!r}: choose accuracy, cosine or module:function")
+    if ":" in metric:
+        metric_function(metric)
+    src = load_source(source)
     data = load_arrays(eval_path)
-    check_inputs(source, data, f"EVAL {eval_path}")
+    if src.torch is not None:
+        with_example(src.torch, data.inputs)
     calib_data = load_arrays(calibration_path) if calibration_path else None
-    if calib_data is not None:
-        check_inputs(source, calib_data, f"calibration {calibration_path}")
-    cpu = cpu_info()
+    train = load_arrays(train_path) if train_path else None
     work = work_dir or output.parent / f".{output.name}-variants"
-    variants = build_variants(
-        source, work, cpu, _calibration(calib_data) if calib_data else None, only, progress
-    )
-    built: list[Variant] = [v for v in variants if v.path is not None]
-    if progress:
-        progress("scoring")
-    reference_out = predict(source, data, threads)
-    quality = {
-        v.name: score(metric, predict(v.path, data, threads), data, reference_out)  # type: ignore[arg-type]
-        for v in built
-    }
+    work.mkdir(parents=True, exist_ok=True)
+    if src.torch is not None:
+        progress.stage("exporting to ONNX (opset 17) and checking against PyTorch")
+        fp32 = export_onnx(src.torch, work / "export.onnx")
+    else:
+        assert src.onnx is not None
+        fp32 = src.onnx
+    check_inputs(fp32, data, f"EVAL {eval_path}")
+    if calib_data is not None:
+        check_inputs(fp32, calib_data, f"calibration {calibration_path}")
+    if train is not None:
+        check_inputs(fp32, train, f"training data {train_path}")
+    cpu = cpu_info()
+    progress.stage("FP32 reference")
+    reference_out = predict(fp32, data, threads)
     reference = score(metric, reference_out, data, reference_out)
-    if progress:
-        progress("timing (interleaved)")
-    timings = measure({v.name: v.path for v in built if v.path}, data, threads)
+    scores: dict[Path, float] = {}
+
+    def scorer(path: Path) -> float:
+        if path not in scores:
+            scores[path] = score(metric, predict(path, data, threads), data, reference_out)
+        return scores[path]
+
+    opts = _Options(only, prune_amount, student, student_layers, train_config or TrainConfig())
+    variants = build_variants(
+        fp32, work, cpu, _calibration(calib_data) if calib_data else None, only, progress, scorer
+    )
+    variants += _torch_variants(src, work, cpu, train, opts, progress)
+    built: list[Variant] = [v for v in variants if v.path is not None]
+    progress.stage("scoring every variant on EVAL")
+    quality = {v.name: scorer(v.path) for v in built if v.path is not None}
+    progress.stage("timing every variant (interleaved)")
+    timings = measure(
+        {v.name: v.path for v in built if v.path}, data, threads, rounds=rounds, batches=batches
+    )
     candidates = [Candidate(v.name, quality[v.name], timings[v.name]) for v in built]
     winner = select(candidates, reference, tolerance, latency_key)
     report = OptimizeReport(
@@ -134,6 +288,7 @@ def optimize(
         threads,
         reference,
         pareto=pareto_front(candidates, latency_key),
+        batches=list(batches),
     )
     for v in variants:
         row: dict[str, Any] = {"name": v.name, "note": v.note, "skipped": v.skipped}
@@ -163,6 +318,7 @@ def _write_reports(report: OptimizeReport, output: Path) -> None:
     output.mkdir(parents=True, exist_ok=True)
     (output / "report.json").write_text(json.dumps(report.as_dict(), indent=2))
     key = report.latency_key
+    big = max(report.batches)
     lines = [
         f"# Optimisation report: {report.source}",
         "",
@@ -171,8 +327,8 @@ def _write_reports(report: OptimizeReport, output: Path) -> None:
         f"Metric: {report.metric} (FP32 {report.reference:.4f}), tolerance {report.tolerance}; "
         f"chosen on {key}: **{report.winner or 'none within tolerance'}**.",
         "",
-        "| variant | quality | Δ vs FP32 | p50 b1 µs | p99 b1 µs | p50 b32 µs | b32 items/s | size KiB "
-        "| memory MiB | notes |",
+        "| variant | quality | Δ vs FP32 | p50 b1 µs | p99 b1 µs "
+        f"| p50 b{big} µs | b{big} items/s | size KiB | memory MiB | notes |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report.rows:
@@ -182,8 +338,8 @@ def _write_reports(report: OptimizeReport, output: Path) -> None:
         mark = " (Pareto)" if r["name"] in report.pareto else ""
         lines.append(
             f"| {r['name']}{mark} | {r['quality']:.4f} | {r['delta']:+.4f} | {r.get('p50_b1_us', 0):.1f} | "
-            f"{r.get('p99_b1_us', 0):.1f} | {r.get('p50_b32_us', 0):.1f} | "
-            f"{r.get('throughput_b32', 0):,.0f} | {r['size_bytes'] / 1024:,.0f} | {r['rss_mb']:.1f} | "
+            f"{r.get('p99_b1_us', 0):.1f} | {r.get(f'p50_b{big}_us', 0):.1f} | "
+            f"{r.get(f'throughput_b{big}', 0):,.0f} | {r['size_bytes'] / 1024:,.0f} | {r['rss_mb']:.1f} | "
             f"{r['note']} |"
         )
     (output / "report.md").write_text("\n".join(lines) + "\n")

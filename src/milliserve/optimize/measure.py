@@ -12,7 +12,7 @@ import numpy as np
 
 from milliserve.errors import ConfigError
 
-__all__ = ["EvalSet", "Timing", "load_arrays", "measure", "predict", "score"]
+__all__ = ["EvalSet", "Timing", "load_arrays", "measure", "metric_function", "predict", "score"]
 
 Feeds = dict[str, np.ndarray[Any, Any]]
 BATCHES = (1, 8, 32)
@@ -82,10 +82,24 @@ def predict(path: Path, data: EvalSet, threads: int = 1, chunk: int = 256) -> np
     return np.concatenate(outs)
 
 
+def metric_function(metric: str) -> Any:
+    """Resolve a ``module:function`` metric; raises ConfigError when it cannot be imported."""
+    import importlib
+
+    mod, _, attr = metric.partition(":")
+    try:
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"metric {metric!r}: cannot import it ({exc})") from None
+
+
 def score(
     metric: str, outputs: np.ndarray[Any, Any], data: EvalSet, reference: np.ndarray[Any, Any]
 ) -> float:
-    """``accuracy`` against the labels, or mean ``cosine`` similarity to the FP32 outputs."""
+    """``accuracy`` against the labels, mean ``cosine`` similarity to the FP32 outputs, or a
+    user function ``module:function(outputs, labels, reference) -> float`` (higher is better)."""
+    if ":" in metric:
+        return float(metric_function(metric)(outputs, data.labels, reference))
     if metric == "accuracy":
         if data.labels is None:
             raise ConfigError("metric 'accuracy' needs a 'labels' array in the EVAL file")
@@ -98,8 +112,12 @@ def score(
 
 @dataclass
 class Timing:
-    samples: dict[int, list[float]] = field(default_factory=lambda: {b: [] for b in BATCHES})
+    batches: tuple[int, ...] = BATCHES
+    samples: dict[int, list[float]] = field(default_factory=dict)
     rss_mb: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.samples = {b: [] for b in self.batches}
 
     def summary(self) -> dict[str, float]:
         out: dict[str, float] = {"rss_mb": round(self.rss_mb, 1)}
@@ -120,24 +138,35 @@ def _rss_mb() -> float:
 
 
 def measure(
-    paths: dict[str, Path], data: EvalSet, threads: int = 1, rounds: int = 5, seconds_per_round: float = 0.2
+    paths: dict[str, Path],
+    data: EvalSet,
+    threads: int = 1,
+    rounds: int = 5,
+    seconds_per_round: float = 0.2,
+    batches: tuple[int, ...] = BATCHES,
+    min_calls: int = 3,
 ) -> dict[str, dict[str, float]]:
-    """Latency per variant and batch size, interleaved round-robin with the thread count pinned."""
+    """Latency per variant and batch size, interleaved round-robin with the thread count
+    pinned; each (round, variant, batch) gets its time share and at least ``min_calls``."""
     sessions, timings = {}, {}
     for name, path in paths.items():
         before = _rss_mb()
         sessions[name] = _session(path, threads)
-        timings[name] = Timing()
+        timings[name] = Timing(batches)
         feeds = {k: v[:1] for k, v in data.inputs.items()}
         sessions[name].run(None, feeds)
         timings[name].rss_mb = _rss_mb() - before
-    batches = {b: {k: np.resize(v, (b, *v.shape[1:])) for k, v in data.inputs.items()} for b in BATCHES}
+    feeds_by_batch = {
+        b: {k: np.resize(v, (b, *v.shape[1:])) for k, v in data.inputs.items()} for b in batches
+    }
     for _ in range(rounds):
         for name, sess in sessions.items():  # A B C A B C ...
-            for b, feeds in batches.items():
-                deadline = time.perf_counter() + seconds_per_round / len(BATCHES)
+            for b, feeds in feeds_by_batch.items():
+                deadline = time.perf_counter() + seconds_per_round / len(batches)
                 sess.run(None, feeds)  # the first call after switching models is not timed
-                while time.perf_counter() < deadline:
+                calls = 0
+                while calls < min_calls or time.perf_counter() < deadline:
+                    calls += 1
                     t0 = time.perf_counter()
                     sess.run(None, feeds)
                     timings[name].samples[b].append(time.perf_counter() - t0)

@@ -1,5 +1,7 @@
-"""Build the variants of an ONNX model: FP32, ONNX Runtime graph-optimised, FP16,
-dynamic INT8 and static INT8 (QDQ, a search over calibration methods).
+"""Build the variants of an ONNX model: FP32, ONNX Runtime graph-optimised, the
+transformer fusions for BERT-like models, FP16, dynamic INT8, static INT8 (QDQ, a
+search over calibration methods, operator subsets and excluded sensitive nodes) and
+OpenVINO / NNCF when they are installed.
 
 Every builder either returns a model file or a reason it was skipped; one
 failing never stops the others.
@@ -7,6 +9,7 @@ failing never stops the others.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 from collections.abc import Callable, Iterator
@@ -17,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from milliserve.optimize.cpu import CpuInfo
+from milliserve.optimize.progress import Progress, quiet
 
 __all__ = ["Variant", "build_variants"]
 
@@ -31,11 +35,44 @@ class Variant:
     path: Path | None
     note: str = ""
     skipped: str = ""  # why it was not built
+    runtime: str = "onnxruntime"  # or "openvino": how measure/predict run it
+    precision: str = ""  # OpenVINO inference precision hint, pinned
+
+
+class Skip(Exception):
+    """The variant does not apply to this model; the message says why."""
+
+
+# The quality of a candidate model file on EVAL (accuracy or cosine); used by the static search.
+Scorer = Callable[[Path], float]
 
 
 def _fp32(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> tuple[Path, str]:
     shutil.copy(source, out)
     return out, "the source model"
+
+
+def _bert_fused(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> tuple[Path, str]:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0, opt_level=1)
+    fused = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
+    if not (fused.get("Attention") or fused.get("MultiHeadAttention")):
+        raise Skip("no BERT-like attention found to fuse")
+    model.save_model_to_file(str(out))
+    ops = ", ".join(f"{v} {k}" for k, v in sorted(fused.items()) if k in ATTENTION_FUSIONS)
+    return out, f"ONNX Runtime transformer fusions for BERT ({ops})"
+
+
+ATTENTION_FUSIONS = (
+    "Attention",
+    "MultiHeadAttention",
+    "SkipLayerNormalization",
+    "EmbedLayerNormalization",
+    "Gelu",
+    "FastGelu",
+    "BiasGelu",
+)
 
 
 def _ort_optimized(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> tuple[Path, str]:
@@ -58,10 +95,16 @@ def _fp16(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> tuple[
 
 
 def _preprocessed(source: Path, out: Path) -> Path:
+    """Symbolic shape inference (``auto_merge``) and basic graph optimisation before
+    quantizing; a graph already fused for transformers is not optimised again."""
+    import onnx
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     pre = out.with_name(out.stem + ".pre.onnx")
-    quant_pre_process(str(source), str(pre), auto_merge=True)
+    fused = any(
+        n.domain == "com.microsoft" for n in onnx.load(str(source), load_external_data=False).graph.node
+    )
+    quant_pre_process(str(source), str(pre), auto_merge=True, skip_optimization=fused)
     return pre
 
 
@@ -77,45 +120,191 @@ def _int8_dynamic(source: Path, out: Path, cpu: CpuInfo, _: list[Feeds] | None) 
 
 
 class _Reader:
-    """Calibration batches for onnxruntime.quantization."""
+    """Calibration batches for onnxruntime.quantization, advancing a progress bar."""
 
-    def __init__(self, batches: list[Feeds]) -> None:
+    def __init__(self, batches: list[Feeds], advance: Callable[[int], None] | None = None) -> None:
         self._it: Iterator[Feeds] = iter(batches)
+        self._advance = advance
 
     def get_next(self) -> Feeds | None:
-        return next(self._it, None)
+        item = next(self._it, None)
+        if item is not None and self._advance:
+            self._advance(1)
+        return item
 
 
-def _int8_static(method: str) -> Callable[[Path, Path, CpuInfo, list[Feeds] | None], tuple[Path, str]]:
-    def build(source: Path, out: Path, cpu: CpuInfo, calib: list[Feeds] | None) -> tuple[Path, str]:
-        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+def _quantize_static(
+    pre: Path,
+    out: Path,
+    calib: list[Feeds],
+    method: str,
+    progress: Progress,
+    op_types: list[str] | None = None,
+    exclude: list[str] | None = None,
+) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-        if not calib:
-            raise ValueError("static INT8 needs calibration data (--calibration)")
-        pre = _preprocessed(source, out)
+    with progress.steps(f"calibrating {out.stem}", len(calib)) as advance:
         quantize_static(
             str(pre),
             str(out),
-            _Reader(calib),
+            _Reader(calib, advance),
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             calibrate_method=getattr(CalibrationMethod, method),
+            op_types_to_quantize=op_types,
+            nodes_to_exclude=exclude or [],
         )
-        pre.unlink(missing_ok=True)
-        return out, f"static INT8 (QDQ), {method} calibration on {len(calib)} batches"
+
+
+def sensitive_nodes(model: Path, calib: list[Feeds], max_fraction: float = 0.25) -> list[tuple[str, float]]:
+    """MatMul/Gemm nodes whose activation input has outliers far beyond its spread
+    (max |x| / std over the calibration data), worst first. These lose the most to an
+    8-bit grid: in BERT-like models they are the FFN output MatMuls, fed by the GELU."""
+    import onnx
+    import onnxruntime as ort
+
+    m = onnx.load(str(model))
+    consts = {i.name for i in m.graph.initializer} | {
+        o for n in m.graph.node if n.op_type == "Constant" for o in n.output
+    }
+    nodes = [n for n in m.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[0] not in consts]
+    if not nodes:
+        return []
+    known = {o.name for o in m.graph.output}
+    for name in {n.input[0] for n in nodes} - known:
+        m.graph.output.append(onnx.ValueInfoProto(name=name))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    peak: dict[str, float] = {}
+    sq: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for feeds in calib:
+        for name, arr in zip(names, sess.run(None, feeds), strict=True):
+            a = np.asarray(arr, dtype=np.float64)
+            peak[name] = max(peak.get(name, 0.0), float(np.abs(a).max(initial=0.0)))
+            sq[name] = sq.get(name, 0.0) + float((a * a).sum())
+            count[name] = count.get(name, 0) + a.size
+    ratio = {
+        n.name: peak[n.input[0]] / max(np.sqrt(sq[n.input[0]] / max(count[n.input[0]], 1)), 1e-12)
+        for n in nodes
+    }
+    median = float(np.median(list(ratio.values())))
+    worst = sorted(ratio.items(), key=lambda kv: -kv[1])[: max(1, int(len(nodes) * max_fraction))]
+    return [(n, r) for n, r in worst if r > 2 * median]
+
+
+def _op_subsets(model: Path) -> dict[str, list[str]]:
+    """Operator subsets worth trying beyond 'all': only those present and different from all."""
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(model), load_external_data=False).graph.node}
+    subsets = {"matmul": ["MatMul", "Gemm"], "conv": ["Conv"]}
+    quantizable = ops & {"MatMul", "Gemm", "Conv", "Add", "Mul", "Gather", "Relu", "MaxPool", "Concat"}
+    return {k: v for k, v in subsets.items() if ops & set(v) and (quantizable - set(v))}
+
+
+def static_search(
+    source: Path,
+    out_dir: Path,
+    calib: list[Feeds] | None,
+    scorer: Scorer | None,
+    progress: Progress = quiet,
+    wanted: Callable[[str], bool] = lambda _: True,
+) -> list[Variant]:
+    """Static INT8 (QDQ) as a search: each calibration method over all operators; then,
+    for the best method, each operator subset and the exclusion of the sensitive nodes."""
+    names = [f"int8_static_{m.lower()}" for m in STATIC_METHODS]
+    if not any(wanted(n) for n in names):
+        return []
+    if not calib:
+        return [
+            Variant(n, None, skipped="static INT8 needs calibration data (--calibration)")
+            for n in names
+            if wanted(n)
+        ]
+    try:
+        pre = _preprocessed(source, out_dir / "static.onnx")
+    except Exception as exc:
+        reason = f"shape-inference pre-processing failed: {type(exc).__name__}: {exc}"
+        return [Variant(n, None, skipped=reason) for n in names if wanted(n)]
+    variants: list[Variant] = []
+    quality: dict[str, float] = {}
+
+    def attempt(name: str, method: str, note: str, **kw: Any) -> None:
+        progress.stage(name)
+        out = out_dir / f"{name}.onnx"
+        try:
+            _quantize_static(pre, out, calib, method, progress, **kw)
+        except Exception as exc:
+            log.warning("variant %s skipped: %s", name, exc)
+            variants.append(Variant(name, None, skipped=f"{type(exc).__name__}: {exc}"))
+            return
+        variants.append(
+            Variant(name, out, f"static INT8 (QDQ), {method} calibration on {len(calib)} batches{note}")
+        )
+        if scorer is not None:
+            quality[name] = scorer(out)
+
+    for method, name in zip(STATIC_METHODS, names, strict=True):
+        if wanted(name):
+            attempt(name, method, ", all operators")
+    if scorer is not None and quality:
+        best = max(quality, key=lambda n: quality[n])
+        method = STATIC_METHODS[names.index(best)]
+        for subset, ops in _op_subsets(pre).items():
+            attempt(f"{best}_{subset}", method, f", only {'/'.join(ops)}", op_types=ops)
+        sensitive = sensitive_nodes(pre, calib)
+        if sensitive:
+            shown = ", ".join(f"{n} ({r:.0f}x)" for n, r in sensitive[:4])
+            more = f" and {len(sensitive) - 4} more" if len(sensitive) > 4 else ""
+            attempt(
+                f"{best}_exclude",
+                method,
+                f", {len(sensitive)} sensitive MatMuls kept in FP32 (max/rms of their input: {shown}{more})",
+                exclude=[n for n, _ in sensitive],
+            )
+    pre.unlink(missing_ok=True)
+    return variants
+
+
+def _openvino(precision: str) -> Callable[[Path, Path, CpuInfo, list[Feeds] | None], tuple[Path, str]]:
+    def build(source: Path, out: Path, cpu: CpuInfo, _: list[Feeds] | None) -> tuple[Path, str]:
+        if importlib.util.find_spec("openvino") is None:
+            raise Skip("openvino is not installed (pip install openvino)")
+        if precision == "bf16" and not cpu.bf16:
+            raise Skip("this CPU has no bf16 instructions")
+        raise Skip("OpenVINO variants are not measured by this version of milliserve yet")
 
     return build
 
 
-BUILDERS: dict[str, Callable[[Path, Path, CpuInfo, list[Feeds] | None], tuple[Path, str]]] = {
+def _nncf_int8(source: Path, out: Path, cpu: CpuInfo, calib: list[Feeds] | None) -> tuple[Path, str]:
+    if importlib.util.find_spec("nncf") is None or importlib.util.find_spec("openvino") is None:
+        raise Skip("nncf and openvino are not installed (pip install openvino nncf)")
+    raise Skip("NNCF variants are not measured by this version of milliserve yet")
+
+
+Builder = Callable[[Path, Path, CpuInfo, list[Feeds] | None], tuple[Path, str]]
+BUILDERS: dict[str, Builder] = {
     "fp32": _fp32,
     "ort_optimized": _ort_optimized,
+    "bert_fused": _bert_fused,
     "fp16": _fp16,
     "int8_dynamic": _int8_dynamic,
-    **{f"int8_static_{m.lower()}": _int8_static(m) for m in STATIC_METHODS},
 }
+OPENVINO: dict[str, Builder] = {
+    "openvino_f32": _openvino("f32"),
+    "openvino_bf16": _openvino("bf16"),
+    "nncf_int8": _nncf_int8,
+}
+
+
+def wanted_by(only: list[str] | None) -> Callable[[str], bool]:
+    """``--variant`` filter: a name is wanted when listed, or when it extends a listed name."""
+    return lambda name: not only or any(name == o or name.startswith(o + "_") for o in only)
 
 
 def build_variants(
@@ -124,20 +313,52 @@ def build_variants(
     cpu: CpuInfo,
     calibration: list[Feeds] | None = None,
     only: list[str] | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress = quiet,
+    scorer: Scorer | None = None,
+    prefix: str = "",
+    builders: tuple[str, ...] | None = None,
 ) -> list[Variant]:
-    """Build each variant into ``out_dir``; failures become skipped variants with the reason."""
+    """Build each variant into ``out_dir``; failures become skipped variants with the reason.
+
+    ``prefix`` names the variants of a derived model (``student_int8_dynamic``);
+    ``builders`` limits which builders run on it. INT8 dynamic quantizes the fastest FP32
+    graph available (the BERT-fused one when it exists)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    variants = []
+    wanted = wanted_by(only)
+    variants: list[Variant] = []
+    base = source
     for name, builder in BUILDERS.items():
-        if only and name not in only:
+        full = prefix + name
+        if (builders is not None and name not in builders) or not wanted(full):
             continue
-        if progress:
-            progress(name)
+        progress.stage(full)
         try:
-            path, note = builder(source, out_dir / f"{name}.onnx", cpu, calibration)
-            variants.append(Variant(name, path, note))
+            path, note = builder(
+                base if name == "int8_dynamic" else source, out_dir / f"{full}.onnx", cpu, calibration
+            )
+        except Skip as exc:
+            variants.append(Variant(full, None, skipped=str(exc)))
+            continue
         except Exception as exc:  # a variant that cannot be built is reported, never fatal
-            log.warning("variant %s skipped: %s", name, exc)
-            variants.append(Variant(name, None, skipped=f"{type(exc).__name__}: {exc}"))
+            log.warning("variant %s skipped: %s", full, exc)
+            variants.append(Variant(full, None, skipped=f"{type(exc).__name__}: {exc}"))
+            continue
+        if name == "bert_fused":
+            base = path
+            note += "; INT8 dynamic quantizes this graph"
+        variants.append(Variant(full, path, note))
+    if builders is None or "int8_static" in builders:
+        variants += [
+            Variant(prefix + v.name, v.path, v.note, v.skipped)
+            for v in static_search(
+                source, out_dir, calibration, scorer, progress, lambda n: wanted(prefix + n)
+            )
+        ]
+    if builders is None:
+        for name, builder in OPENVINO.items():
+            if wanted(name):
+                try:
+                    builder(source, out_dir / name, cpu, calibration)
+                except Skip as exc:
+                    variants.append(Variant(name, None, skipped=str(exc)))
     return variants

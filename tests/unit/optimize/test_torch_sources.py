@@ -1,0 +1,200 @@
+"""milliserve optimize with PyTorch sources: export checks, pruning, distillation, on the
+digits CNN (scikit-learn's bundled digits) and a small random BERT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from milliserve.errors import ConfigError
+from milliserve.examples import digits
+from milliserve.optimize.measure import EvalSet, load_arrays, predict, score
+from milliserve.optimize.sources import ExportError, TorchModel, export_onnx, load_source, with_example
+from milliserve.optimize.torch_variants import (
+    CannotApply,
+    TrainConfig,
+    distill,
+    finish_pruning,
+    magnitude_prune,
+    sparsity,
+    structured_prune,
+    student_from_layers,
+)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return digits.write_data(tmp_path_factory.mktemp("digits"))
+
+
+def _accuracy(module: Any, data: EvalSet) -> float:
+    with torch.inference_mode():
+        out = module(torch.from_numpy(data.inputs["input"])).numpy()
+    return float((out.argmax(1) == data.labels).mean())
+
+
+def test_factory_source_exports_with_a_dynamic_batch_and_matches_pytorch(
+    data: dict[str, Path], tmp_path: Path
+) -> None:
+    src = load_source("milliserve.examples.digits:factory")
+    assert src.torch is not None and src.onnx is None
+    path = export_onnx(src.torch, tmp_path / "digits.onnx")
+    ev = load_arrays(data["eval"])
+    got = predict(path, ev)  # 397 rows through an export traced with 2
+    with torch.inference_mode():
+        want = src.torch.module(torch.from_numpy(ev.inputs["input"])).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    assert score("accuracy", got, ev, got) > 0.9
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.*is deprecated:DeprecationWarning")
+def test_torchscript_source_takes_its_example_from_eval(data: dict[str, Path], tmp_path: Path) -> None:
+    module, example = digits.factory()
+    torch.jit.save(torch.jit.trace(module, example), str(tmp_path / "digits.pt"))
+    src = load_source(tmp_path / "digits.pt")
+    assert src.torch is not None and src.torch.example == {}
+    ev = load_arrays(data["eval"])
+    with_example(src.torch, ev.inputs)
+    assert list(src.torch.example) == ["input"] and src.torch.example["input"].shape == (2, 1, 8, 8)
+    path = export_onnx(src.torch, tmp_path / "ts.onnx")
+    with torch.inference_mode():
+        want = module(torch.from_numpy(ev.inputs["input"])).numpy()
+    np.testing.assert_allclose(predict(path, ev), want, atol=1e-4)
+    (tmp_path / "junk.pt").write_bytes(b"not a zip")
+    with pytest.raises(ConfigError, match="not a TorchScript file"):
+        load_source(tmp_path / "junk.pt")
+
+
+class _Unexportable(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.eig(x)[0].real
+
+
+def unexportable() -> tuple[torch.nn.Module, torch.Tensor]:
+    return _Unexportable(), torch.eye(3)[None].repeat(2, 1, 1)
+
+
+def test_export_failure_names_the_operator(tmp_path: Path) -> None:
+    src = load_source(f"{__name__}:unexportable")
+    assert src.torch is not None
+    with pytest.raises(ExportError, match="ONNX export"):
+        export_onnx(src.torch, tmp_path / "bad.onnx")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nope.module:factory", "cannot import"),
+        ("missing.onnx", "no such ONNX file"),
+        ("model.bin", "give an .onnx file"),
+        ("milliserve.examples.digits:digits_data", r"must return \(nn.Module, example input\)"),
+    ],
+)
+def test_bad_sources_are_named(spec: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_source(spec)
+
+
+def test_magnitude_pruning_reaches_the_target_sparsity(data: dict[str, Path]) -> None:
+    module, _ = digits.factory()
+    ev = load_arrays(data["eval"])
+    pruned = finish_pruning(magnitude_prune(module, 0.5))
+    assert sparsity(pruned) == pytest.approx(0.5, abs=0.01)
+    assert sparsity(module) < 0.01  # the original is untouched
+    assert _accuracy(pruned, ev) > 0.8
+
+
+def test_structured_pruning_removes_channels_and_fine_tuning_recovers(
+    data: dict[str, Path], tmp_path: Path
+) -> None:
+    module, example = digits.factory()
+    ev, train = load_arrays(data["eval"]), load_arrays(data["train"])
+    pruned, what = structured_prune(module, 0.5)
+    assert "kept 56/112 hidden channels" in what  # 16 + 32 + 64 channels, half kept
+    assert pruned[0].out_channels == 8 and pruned[5].in_features == 16 * 64
+    distill(pruned, module, train, TrainConfig(epochs=3, lr=3e-3))
+    assert _accuracy(pruned, ev) > 0.9
+    path = export_onnx(TorchModel(pruned, {"input": example}), tmp_path / "pruned.onnx")
+    assert (
+        path.stat().st_size
+        < 0.5 * export_onnx(TorchModel(module, {"input": example}), tmp_path / "full.onnx").stat().st_size
+    )
+
+
+def test_structured_pruning_says_why_it_cannot_apply() -> None:
+    with pytest.raises(CannotApply, match="no structure to prune"):
+        structured_prune(torch.nn.Sequential(torch.nn.Linear(4, 2)), 0.5)
+
+
+def test_distilled_student_learns_from_the_teacher(data: dict[str, Path]) -> None:
+    teacher, _ = digits.factory()
+    ev, train = load_arrays(data["eval"]), load_arrays(data["train"])
+    student = digits.small_student()
+    before = _accuracy(student, ev)
+    distill(student, teacher, train, TrainConfig(epochs=4, lr=3e-3, temperature=2.0, alpha=0.7))
+    assert before < 0.3 and _accuracy(student, ev) > 0.85
+
+
+def _tiny_bert() -> Any:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        attn_implementation="eager",
+    )
+    return BertModel(cfg).eval()
+
+
+def test_bert_heads_and_ffn_channels_are_pruned_and_the_model_still_runs(tmp_path: Path) -> None:
+    bert = _tiny_bert()
+    pruned, what = structured_prune(bert, 0.5)
+    assert what == "kept 12/24 attention heads and 192/384 FFN channels"
+    layer = pruned.encoder.layer[0]
+    assert layer.attention.self.query.out_features == 16 and layer.intermediate.dense.out_features == 32
+    ids = torch.randint(1, 100, (2, 10))
+    mask = torch.ones_like(ids)
+    out = pruned(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert out.shape == (2, 10, 32) and torch.isfinite(out).all()
+    path = export_onnx(
+        TorchModel(_Pooled(pruned), {"input_ids": ids, "attention_mask": mask}), tmp_path / "b.onnx"
+    )
+    feeds = {
+        "input_ids": ids.numpy()[:, :7],
+        "attention_mask": mask.numpy()[:, :7],
+    }  # the sequence axis is dynamic
+    assert predict(path, EvalSet(feeds)).shape == (2, 32)
+
+
+class _Pooled(torch.nn.Module):
+    def __init__(self, bert: Any) -> None:
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, 0]  # type: ignore[no-any-return]
+
+
+def test_student_keeps_evenly_spaced_teacher_layers() -> None:
+    bert = _tiny_bert()
+    student, what = student_from_layers(bert, 2)
+    assert len(student.encoder.layer) == 2 and len(bert.encoder.layer) == 6
+    assert what == "layers [0, 5] of the teacher's 6 (encoder.layer)"
+    assert (
+        student.encoder.layer[1].output.dense.weight.data_ptr()
+        != bert.encoder.layer[5].output.dense.weight.data_ptr()
+    )
+    torch.testing.assert_close(
+        student.encoder.layer[1].output.dense.weight, bert.encoder.layer[5].output.dense.weight
+    )
+    with pytest.raises(CannotApply, match="no layer stack"):
+        student_from_layers(digits.digits_cnn(), 1)
