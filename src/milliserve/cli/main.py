@@ -204,7 +204,9 @@ def _optimize(args: argparse.Namespace) -> int:
         prune_amount=args.prune,
         student=args.student,
         student_layers=args.student_layers,
-        train_config=TrainConfig(epochs=args.epochs, temperature=args.temperature, alpha=args.alpha),
+        train_config=TrainConfig(
+            epochs=args.epochs, lr=args.lr, temperature=args.temperature, alpha=args.alpha
+        ),
         batches=tuple(args.batches),
         rounds=args.rounds,
     )
@@ -324,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--student-layers", type=int, default=None, help="keep this many teacher layers (default a third)"
     )
     o.add_argument("--epochs", type=int, default=2, help="fine-tuning and distillation epochs (default 2)")
+    o.add_argument("--lr", type=float, default=1e-4, help="fine-tuning and distillation learning rate")
     o.add_argument("--temperature", type=float, default=2.0, help="distillation temperature (default 2)")
     o.add_argument(
         "--alpha", type=float, default=0.5, help="weight of the teacher's soft targets (default 0.5)"

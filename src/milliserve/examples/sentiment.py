@@ -146,7 +146,7 @@ def _train_head(model: Any, n_train: int = 6000) -> dict[str, Any]:
     feeds = tokenize([t for t, _ in rows])
     labels = torch.tensor([lab for _, lab in rows])
     model.eval()
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: the pooled tensor is trained on below
         ids, mask = torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
         order = torch.argsort(mask.sum(1))  # similar lengths together: less padding
         pooled = torch.empty(len(rows), model.head.in_features)

@@ -297,7 +297,7 @@ def distill(
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     teacher.eval()
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: the targets take part in the loss's graph
         targets = torch.cat([_forward(teacher, feeds) for feeds, _ in _ordered(train, 256)]).clone()
     labels = torch.from_numpy(train.labels.astype(np.int64)) if train.labels is not None else None
     params = [p for p in student.parameters() if p.requires_grad]

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,7 +106,8 @@ def _preprocessed(source: Path, out: Path) -> Path:
     fused = any(
         n.domain == "com.microsoft" for n in onnx.load(str(source), load_external_data=False).graph.node
     )
-    quant_pre_process(str(source), str(pre), auto_merge=True, skip_optimization=fused)
+    with _hushed():
+        quant_pre_process(str(source), str(pre), auto_merge=True, skip_optimization=fused)
     return pre
 
 
@@ -113,10 +116,25 @@ def _int8_dynamic(source: Path, out: Path, cpu: CpuInfo, _: list[Feeds] | None) 
 
     pre = _preprocessed(source, out)
     weight = QuantType.QInt8 if cpu.vnni else QuantType.QUInt8
-    quantize_dynamic(str(pre), str(out), per_channel=True, weight_type=weight, reduce_range=not cpu.vnni)
+    with _hushed():
+        quantize_dynamic(str(pre), str(out), per_channel=True, weight_type=weight, reduce_range=not cpu.vnni)
     pre.unlink(missing_ok=True)
     kind = "S8 per-channel weights (VNNI)" if cpu.vnni else "U8 weights with reduce_range (no VNNI)"
     return out, f"dynamic INT8, {kind}"
+
+
+@contextmanager
+def _hushed() -> Iterator[None]:
+    """onnxruntime.quantization warns through the root logger (one line per LayerNorm weight)
+    and prints its calibration steps; keep them out of the user's progress display."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with open(os.devnull, "w") as sink, redirect_stdout(sink):
+            yield
+    finally:
+        root.setLevel(level)
 
 
 class _Reader:
@@ -144,7 +162,7 @@ def _quantize_static(
 ) -> None:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    with progress.steps(f"calibrating {out.stem}", len(calib)) as advance:
+    with progress.steps(f"calibrating {out.stem}", len(calib)) as advance, _hushed():
         quantize_static(
             str(pre),
             str(out),

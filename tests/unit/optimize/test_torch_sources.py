@@ -198,3 +198,72 @@ def test_student_keeps_evenly_spaced_teacher_layers() -> None:
     )
     with pytest.raises(CannotApply, match="no layer stack"):
         student_from_layers(digits.digits_cnn(), 1)
+
+
+def test_cli_optimizes_a_pytorch_factory_and_the_winner_serves(data: dict[str, Path], tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    import tritonclient.http as httpclient
+
+    from milliserve.testing import ServerProcess
+
+    out = tmp_path / "repo" / "digits"
+    cmd = [
+        sys.executable,
+        "-m",
+        "milliserve",
+        "optimize",
+        "milliserve.examples.digits:factory",
+        "--eval",
+        str(data["eval"]),
+        "--calibration",
+        str(data["calib"]),
+        "--train",
+        str(data["train"]),
+        "--student",
+        "milliserve.examples.digits:small_student",
+        "--epochs",
+        "3",
+        "--lr",
+        "3e-3",
+        "--batches",
+        "1,8",
+        "--rounds",
+        "2",
+        "--output",
+        str(out),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    rows = {row["name"]: row for row in report["rows"]}
+    built = {n for n, row in rows.items() if not row["skipped"]}
+    assert {
+        "fp32",
+        "int8_dynamic",
+        "pruned_magnitude",
+        "pruned_structured",
+        "student",
+        "student_int8_dynamic",
+    } <= built
+    assert (
+        rows["student"]["quality"] > 0.85 and "distilled (KL at T=2.0, alpha=0.5" in rows["student"]["note"]
+    )
+    assert "50% of Linear/Conv weights zeroed" in rows["pruned_magnitude"]["note"]
+    assert (
+        rows["openvino_f32"]["skipped"]
+        and rows["bert_fused"]["skipped"] == "no BERT-like attention found to fuse"
+    )
+    assert (
+        "fine-tuning pruned_structured" in r.stderr and "distilling the student" in r.stderr
+    )  # progress bars
+    x = load_arrays(data["eval"]).inputs["input"][:5]
+    expected = predict(out / "1" / "model.onnx", EvalSet({"input": x}))
+    with ServerProcess(out.parent) as server, httpclient.InferenceServerClient(server.http_url) as client:
+        inp = httpclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        got = client.infer("digits", [inp]).as_numpy("output")
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert (got.argmax(1) == load_arrays(data["eval"]).labels[:5]).mean() >= 0.8
