@@ -19,7 +19,7 @@ __all__ = ["digits_cnn", "digits_data", "factory", "small_student", "write_data"
 
 def digits_data() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """Images as float32 [n, 1, 8, 8] in 0..1, and labels 0-9, in a fixed shuffled order."""
-    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
+    from sklearn.datasets import load_digits
 
     d = load_digits()
     x = (d.images / 16.0).astype(np.float32)[:, None]

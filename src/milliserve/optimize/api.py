@@ -15,6 +15,7 @@ from milliserve.optimize.cpu import CpuInfo, cpu_info
 from milliserve.optimize.measure import (
     BATCHES,
     EvalSet,
+    ModelRef,
     check_inputs,
     load_arrays,
     measure,
@@ -258,9 +259,9 @@ def optimize(
     progress.stage("FP32 reference")
     reference_out = predict(fp32, data, threads)
     reference = score(metric, reference_out, data, reference_out)
-    scores: dict[Path, float] = {}
+    scores: dict[Path | ModelRef, float] = {}
 
-    def scorer(path: Path) -> float:
+    def scorer(path: Path | ModelRef) -> float:
         if path not in scores:
             scores[path] = score(metric, predict(path, data, threads), data, reference_out)
         return scores[path]
@@ -272,12 +273,14 @@ def optimize(
     variants += _torch_variants(src, work, cpu, train, opts, progress)
     built: list[Variant] = [v for v in variants if v.path is not None]
     progress.stage("scoring every variant on EVAL")
-    quality = {v.name: scorer(v.path) for v in built if v.path is not None}
+    quality = {v.name: scorer(v.ref) for v in built}
     progress.stage("timing every variant (interleaved)")
-    timings = measure(
-        {v.name: v.path for v in built if v.path}, data, threads, rounds=rounds, batches=batches
-    )
-    candidates = [Candidate(v.name, quality[v.name], timings[v.name]) for v in built]
+    timings = measure({v.name: v.ref for v in built}, data, threads, rounds=rounds, batches=batches)
+    # milliserve serves ONNX through ONNX Runtime: OpenVINO variants are measured, not shipped
+    candidates = [
+        Candidate(v.name, quality[v.name], timings[v.name], servable=v.runtime == "onnxruntime")
+        for v in built
+    ]
     winner = select(candidates, reference, tolerance, latency_key)
     report = OptimizeReport(
         str(source),
@@ -296,7 +299,7 @@ def optimize(
             row |= {
                 "quality": quality[v.name],
                 "delta": quality[v.name] - reference,
-                "size_bytes": v.path.stat().st_size,
+                "size_bytes": _size(v.path),
                 **timings[v.name],
             }
         report.rows.append(row)
@@ -312,6 +315,14 @@ def optimize(
         report.output = str(output)
     _write_reports(report, output)
     return report
+
+
+def _size(path: Path) -> int:
+    """Bytes on disk; an OpenVINO IR keeps its weights in the .bin beside the .xml."""
+    weights = path.with_suffix(".bin")
+    return path.stat().st_size + (
+        weights.stat().st_size if path.suffix == ".xml" and weights.is_file() else 0
+    )
 
 
 def _write_reports(report: OptimizeReport, output: Path) -> None:

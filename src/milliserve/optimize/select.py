@@ -13,6 +13,7 @@ class Candidate:
     name: str
     quality: float  # accuracy or cosine similarity: higher is better
     timing: dict[str, float]
+    servable: bool = True  # milliserve serve can run it (ONNX Runtime); others are only reported
 
     def latency(self, key: str) -> float:
         return self.timing.get(key, float("inf"))
@@ -22,7 +23,7 @@ def select(
     candidates: list[Candidate], reference: float, tolerance: float, key: str = "p99_b1_us"
 ) -> Candidate | None:
     """The lowest ``key`` among candidates whose quality is at least ``reference - tolerance``."""
-    ok = [c for c in candidates if c.quality >= reference - tolerance and key in c.timing]
+    ok = [c for c in candidates if c.servable and c.quality >= reference - tolerance and key in c.timing]
     return min(ok, key=lambda c: (c.latency(key), -c.quality)) if ok else None
 
 

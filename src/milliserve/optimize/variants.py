@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from milliserve.optimize.cpu import CpuInfo
+from milliserve.optimize.measure import ModelRef
 from milliserve.optimize.progress import Progress, quiet
 
 __all__ = ["Variant", "build_variants"]
@@ -40,13 +41,18 @@ class Variant:
     runtime: str = "onnxruntime"  # or "openvino": how measure/predict run it
     precision: str = ""  # OpenVINO inference precision hint, pinned
 
+    @property
+    def ref(self) -> ModelRef:
+        assert self.path is not None, f"{self.name} was not built"
+        return ModelRef(self.path, self.runtime, self.precision)
+
 
 class Skip(Exception):
     """The variant does not apply to this model; the message says why."""
 
 
 # The quality of a candidate model file on EVAL (accuracy or cosine); used by the static search.
-Scorer = Callable[[Path], float]
+Scorer = Callable[[Path | ModelRef], float]
 
 
 def _fp32(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> tuple[Path, str]:
@@ -288,21 +294,80 @@ def static_search(
     return variants
 
 
-def _openvino(precision: str) -> Callable[[Path, Path, CpuInfo, list[Feeds] | None], tuple[Path, str]]:
-    def build(source: Path, out: Path, cpu: CpuInfo, _: list[Feeds] | None) -> tuple[Path, str]:
-        if importlib.util.find_spec("openvino") is None:
-            raise Skip("openvino is not installed (pip install openvino)")
+def _bert_like(model: Path) -> bool:
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(model), load_external_data=False).graph.node}
+    return "Softmax" in ops and bool(ops & {"Erf", "Gelu", "FastGelu", "BiasGelu"})
+
+
+def openvino_variants(
+    source: Path,
+    out_dir: Path,
+    cpu: CpuInfo,
+    calib: list[Feeds] | None,
+    wanted: Callable[[str], bool],
+    progress: Progress = quiet,
+) -> list[Variant]:
+    """OpenVINO f32 and bf16 (precision pinned: OpenVINO picks bf16 by itself on CPUs that
+    have it) and NNCF post-training INT8, when openvino / nncf are installed."""
+    names = [n for n in ("openvino_f32", "openvino_bf16", "nncf_int8") if wanted(n)]
+    if not names:
+        return []
+    if importlib.util.find_spec("openvino") is None:
+        return [
+            Variant(n, None, skipped="openvino is not installed (pip install openvino nncf)") for n in names
+        ]
+    out: list[Variant] = []
+    for name, precision in (("openvino_f32", "f32"), ("openvino_bf16", "bf16")):
+        if name not in names:
+            continue
         if precision == "bf16" and not cpu.bf16:
-            raise Skip("this CPU has no bf16 instructions")
-        raise Skip("OpenVINO variants are not measured by this version of milliserve yet")
+            out.append(Variant(name, None, skipped="this CPU has no bf16 instructions"))
+            continue
+        out.append(
+            Variant(
+                name,
+                source,
+                f"OpenVINO CPU plugin, INFERENCE_PRECISION_HINT={precision} pinned",
+                runtime="openvino",
+                precision=precision,
+            )
+        )
+    if "nncf_int8" in names:
+        progress.stage("nncf_int8")
+        if importlib.util.find_spec("nncf") is None:
+            out.append(Variant("nncf_int8", None, skipped="nncf is not installed (pip install nncf)"))
+        elif not calib:
+            out.append(Variant("nncf_int8", None, skipped="NNCF INT8 needs calibration data (--calibration)"))
+        else:
+            try:
+                out.append(_nncf_int8(source, out_dir / "nncf_int8.xml", calib))
+            except Exception as exc:
+                log.warning("variant nncf_int8 skipped: %s", exc)
+                out.append(Variant("nncf_int8", None, skipped=f"{type(exc).__name__}: {exc}"))
+    return out
 
-    return build
 
+def _nncf_int8(source: Path, out: Path, calib: list[Feeds]) -> Variant:
+    import nncf
+    import openvino as ov
 
-def _nncf_int8(source: Path, out: Path, cpu: CpuInfo, calib: list[Feeds] | None) -> tuple[Path, str]:
-    if importlib.util.find_spec("nncf") is None or importlib.util.find_spec("openvino") is None:
-        raise Skip("nncf and openvino are not installed (pip install openvino nncf)")
-    raise Skip("NNCF variants are not measured by this version of milliserve yet")
+    model = ov.Core().read_model(str(source))
+    kind = nncf.ModelType.TRANSFORMER if _bert_like(source) else None
+    with _hushed():
+        quantized = nncf.quantize(
+            model, nncf.Dataset(calib), subset_size=len(calib), model_type=kind, fast_bias_correction=True
+        )
+    ov.save_model(quantized, str(out))
+    what = "transformer preset" if kind else "default preset"
+    return Variant(
+        "nncf_int8",
+        out,
+        f"NNCF post-training INT8 ({what}, {len(calib)} calibration batches), OpenVINO with f32 pinned",
+        runtime="openvino",
+        precision="f32",
+    )
 
 
 Builder = Callable[[Path, Path, CpuInfo, list[Feeds] | None], tuple[Path, str]]
@@ -312,11 +377,6 @@ BUILDERS: dict[str, Builder] = {
     "bert_fused": _bert_fused,
     "fp16": _fp16,
     "int8_dynamic": _int8_dynamic,
-}
-OPENVINO: dict[str, Builder] = {
-    "openvino_f32": _openvino("f32"),
-    "openvino_bf16": _openvino("bf16"),
-    "nncf_int8": _nncf_int8,
 }
 
 
@@ -373,10 +433,5 @@ def build_variants(
             )
         ]
     if builders is None:
-        for name, builder in OPENVINO.items():
-            if wanted(name):
-                try:
-                    builder(source, out_dir / name, cpu, calibration)
-                except Skip as exc:
-                    variants.append(Variant(name, None, skipped=str(exc)))
+        variants += openvino_variants(source, out_dir, cpu, calibration, wanted, progress)
     return variants

@@ -137,3 +137,29 @@ def test_bad_inputs_are_named(example_repo: Path, data: tuple[Path, Path], tmp_p
     np.savez(renamed, x=np.zeros((4, 64), np.float32))
     with pytest.raises(ConfigError, match=r"has inputs \['x'\] but the model takes \['features'\]"):
         optimize(source, renamed, tmp_path / "r" / "m")
+
+
+def test_openvino_variants_pin_precision_and_are_reported_not_shipped(
+    example_repo: Path, data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import openvino as ov
+
+    eval_path, calib = data
+    out = tmp_path / "repo" / "m"
+    report = optimize(
+        example_repo / "fraud_mlp" / "1" / "model.onnx",
+        eval_path,
+        out,
+        calib,
+        only=["fp32", "openvino", "nncf_int8"],
+        rounds=1,
+        batches=(1, 8),
+    )
+    rows = {r["name"]: r for r in report.rows}
+    assert "INFERENCE_PRECISION_HINT=f32 pinned" in rows["openvino_f32"]["note"]
+    assert abs(rows["openvino_f32"]["delta"]) < 1e-3 and abs(rows["nncf_int8"]["delta"]) < 0.02
+    xml = tmp_path / "repo" / ".m-variants" / "nncf_int8.xml"
+    assert rows["nncf_int8"]["size_bytes"] > xml.stat().st_size  # the .bin weights are counted
+    ops = {op.get_type_name() for op in ov.Core().read_model(str(xml)).get_ops()}
+    assert "FakeQuantize" in ops
+    assert report.winner == "fp32"  # OpenVINO variants run outside ONNX Runtime: never shipped
