@@ -60,16 +60,71 @@ def _fp32(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> tuple[
     return out, "the source model"
 
 
+def _probe_feeds(model: Path) -> Feeds:
+    """Synthetic inputs to check a rewritten graph against its source: token ids, a full mask."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    feeds: Feeds = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) else (2 if k == 0 else 16) for k, d in enumerate(i.shape)]
+        if "int" in i.type:
+            dtype = np.int64 if "64" in i.type else np.int32
+            feeds[i.name] = (
+                np.ones(shape, dtype) if "mask" in i.name else rng.integers(1, 100, shape).astype(dtype)
+            )
+            if "type" in i.name:
+                feeds[i.name] = np.zeros(shape, dtype)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def _same_outputs(a: Path, b: Path, feeds: Feeds, atol: float = 1e-3) -> bool:
+    import onnxruntime as ort
+
+    ra = ort.InferenceSession(str(a), providers=["CPUExecutionProvider"]).run(None, feeds)
+    rb = ort.InferenceSession(str(b), providers=["CPUExecutionProvider"]).run(None, feeds)
+    return all(x.shape == y.shape and np.allclose(x, y, atol=atol) for x, y in zip(ra, rb, strict=True))
+
+
+def _hidden_size(model: Path) -> int:
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(model))
+    inits = {i.name: i for i in m.graph.initializer}
+    for n in m.graph.node:
+        if n.op_type == "LayerNormalization" and len(n.input) > 1 and n.input[1] in inits:
+            return int(numpy_helper.to_array(inits[n.input[1]]).shape[0])
+    return 0
+
+
 def _bert_fused(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> tuple[Path, str]:
+    """ONNX Runtime's transformer fusions. The head count is read from the graph when it
+    can be; exported models often reshape with -1 heads, so other head sizes are tried
+    and each fused graph must give the source's outputs before it is kept."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    model = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0, opt_level=1)
-    fused = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
-    if not (fused.get("Attention") or fused.get("MultiHeadAttention")):
-        raise Skip("no BERT-like attention found to fuse")
-    model.save_model_to_file(str(out))
-    ops = ", ".join(f"{v} {k}" for k, v in sorted(fused.items()) if k in ATTENTION_FUSIONS)
-    return out, f"ONNX Runtime transformer fusions for BERT ({ops})"
+    hidden = _hidden_size(source)
+    tries = [(0, 0)] + [(hidden // hs, hidden) for hs in (64, 32, 128, 16, 8) if hidden and hidden % hs == 0]
+    feeds = _probe_feeds(source)
+    for heads, size in tries:
+        with _hushed():
+            model = optimize_model(
+                str(source), model_type="bert", num_heads=heads, hidden_size=size, opt_level=1
+            )
+        fused = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
+        if not (fused.get("Attention") or fused.get("MultiHeadAttention")):
+            continue
+        model.save_model_to_file(str(out))
+        if _same_outputs(source, out, feeds):
+            ops = ", ".join(f"{v} {k}" for k, v in sorted(fused.items()) if k in ATTENTION_FUSIONS)
+            heads_note = f", {heads} heads" if heads else ""
+            return out, f"ONNX Runtime transformer fusions for BERT ({ops}{heads_note})"
+    out.unlink(missing_ok=True)
+    raise Skip("no BERT-like attention found to fuse")
 
 
 ATTENTION_FUSIONS = (

@@ -163,3 +163,37 @@ def test_openvino_variants_pin_precision_and_are_reported_not_shipped(
     ops = {op.get_type_name() for op in ov.Core().read_model(str(xml)).get_ops()}
     assert "FakeQuantize" in ops
     assert report.winner == "fp32"  # OpenVINO variants run outside ONNX Runtime: never shipped
+
+
+def test_sensitive_nodes_of_minilm_are_its_ffn_output_matmuls(example_repo: Path) -> None:
+    """The outlier ranking finds what the literature says: in BERT, the MatMuls fed by the
+    GELU (FFN outputs) have the widest activations, so they stay in FP32."""
+    import onnx
+
+    from milliserve.examples.sentiment import tokenize
+    from milliserve.optimize.variants import sensitive_nodes
+
+    path = example_repo / "minilm" / "1" / "model.onnx"
+    texts = [
+        "I can't wait to ride in a self-driving car",
+        "autonomous vehicles will never be safe",
+        "the weather is nice today",
+        "worst traffic jam ever, robots please drive for me",
+    ] * 4
+    calib = [tokenize(texts[i : i + 8], 24) for i in range(0, 16, 8)]
+    found = sensitive_nodes(path, calib)
+    graph = onnx.load(str(path)).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    nodes = {n.name: n for n in graph.node}
+
+    def fed_by_gelu(name: str, depth: int = 4) -> bool:
+        todo = [nodes[name].input[0]]
+        for _ in range(depth):
+            ops = [producer[t] for t in todo if t in producer]
+            if any(n.op_type == "Erf" for n in ops):
+                return True
+            todo = [i for n in ops for i in n.input]
+        return False
+
+    assert len(found) >= 4
+    assert all(fed_by_gelu(name) for name, _ in found[:4]), found[:4]

@@ -267,3 +267,26 @@ def test_cli_optimizes_a_pytorch_factory_and_the_winner_serves(data: dict[str, P
         got = client.infer("digits", [inp]).as_numpy("output")
     np.testing.assert_allclose(got, expected, atol=1e-5)
     assert (got.argmax(1) == load_arrays(data["eval"]).labels[:5]).mean() >= 0.8
+
+
+def test_bert_fusions_apply_to_an_exported_bert_and_keep_its_outputs(tmp_path: Path) -> None:
+    from milliserve.optimize.cpu import cpu_info
+    from milliserve.optimize.variants import build_variants
+
+    ids = torch.randint(1, 100, (4, 12))
+    mask = torch.ones_like(ids)
+    mask[0, 8:] = 0
+    path = export_onnx(
+        TorchModel(_Pooled(_tiny_bert()), {"input_ids": ids, "attention_mask": mask}), tmp_path / "b.onnx"
+    )
+    variants = {
+        v.name: v
+        for v in build_variants(path, tmp_path / "v", cpu_info(), only=["bert_fused", "int8_dynamic"])
+    }
+    fused = variants["bert_fused"]
+    assert fused.path is not None, fused.skipped
+    assert "Attention" in fused.note and "INT8 dynamic quantizes this graph" in fused.note
+    data = EvalSet({"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    np.testing.assert_allclose(predict(fused.path, data), predict(path, data), atol=1e-4)
+    assert variants["int8_dynamic"].path is not None
+    np.testing.assert_allclose(predict(variants["int8_dynamic"].path, data), predict(path, data), atol=0.1)
