@@ -333,16 +333,24 @@ def static_search(
     if scorer is not None and quality:
         best = max(quality, key=lambda n: quality[n])
         method = STATIC_METHODS[names.index(best)]
+        subsets: dict[str, list[str] | None] = {best: None}
         for subset, ops in _op_subsets(pre).items():
             attempt(f"{best}_{subset}", method, f", only {'/'.join(ops)}", op_types=ops)
+            subsets[f"{best}_{subset}"] = ops
+        # then keep the sensitive nodes in FP32, on top of the best operator subset so far
+        base = max((n for n in subsets if n in quality), key=lambda n: quality[n])
         sensitive = sensitive_nodes(pre, calib)
         if sensitive:
             shown = ", ".join(f"{n} ({r:.0f}x)" for n, r in sensitive[:4])
             more = f" and {len(sensitive) - 4} more" if len(sensitive) > 4 else ""
+            chosen = subsets[base]
+            only = f", only {'/'.join(chosen)}" if chosen else ""
             attempt(
-                f"{best}_exclude",
+                f"{base}_exclude",
                 method,
-                f", {len(sensitive)} sensitive MatMuls kept in FP32 (max/rms of their input: {shown}{more})",
+                f"{only}, {len(sensitive)} sensitive MatMuls kept in FP32 "
+                f"(max/rms of their input: {shown}{more})",
+                op_types=chosen,
                 exclude=[n for n, _ in sensitive],
             )
     pre.unlink(missing_ok=True)

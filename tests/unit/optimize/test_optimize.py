@@ -52,7 +52,7 @@ def test_each_variant_stays_close_to_fp32(example_repo: Path, tmp_path: Path) ->
     for v in variants:
         if v.path is None:
             continue
-        got = predict(v.path, data)
+        got = predict(v.ref, data)
         atol = tolerance.get(v.name, 0.1)  # INT8 variants: probabilities within 0.1
         np.testing.assert_allclose(got, ref, atol=atol, err_msg=v.name)
 
