@@ -293,8 +293,12 @@ def optimize(
         pareto=pareto_front(candidates, latency_key),
         batches=list(batches),
     )
+    base_b1 = timings.get("fp32", {}).get("p50_b1_us")
     for v in variants:
         row: dict[str, Any] = {"name": v.name, "note": v.note, "skipped": v.skipped}
+        if v.name.startswith("pruned_") and v.name in timings and base_b1:
+            # does the sparsity buy anything on this runtime? say it next to the numbers
+            row["note"] += f"; runs in {timings[v.name]['p50_b1_us'] / base_b1:.2f}× FP32's batch-1 p50"
         if v.path is not None:
             row |= {
                 "quality": quality[v.name],

@@ -197,3 +197,21 @@ def test_sensitive_nodes_of_minilm_are_its_ffn_output_matmuls(example_repo: Path
 
     assert len(found) >= 4
     assert all(fed_by_gelu(name) for name, _ in found[:4]), found[:4]
+
+
+def balanced_accuracy(outputs: np.ndarray, labels: np.ndarray, reference: np.ndarray) -> float:
+    """A user metric, given to optimize as module:function."""
+    pred = outputs.argmax(-1)
+    return float(np.mean([(pred[labels == c] == c).mean() for c in np.unique(labels)]))
+
+
+def test_user_metric_function_scores_the_variants() -> None:
+    from milliserve.optimize.measure import score
+
+    labels = np.array([0, 0, 0, 1])
+    outputs = np.array([[1.0, 0], [1, 0], [1, 0], [1, 0]])  # always class 0
+    data = EvalSet({"x": np.zeros((4, 1), np.float32)}, labels)
+    assert score(f"{__name__}:balanced_accuracy", outputs, data, outputs) == 0.5
+    assert score("accuracy", outputs, data, outputs) == 0.75
+    with pytest.raises(ConfigError, match="cannot import"):
+        score("nope:missing", outputs, data, outputs)
