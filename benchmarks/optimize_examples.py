@@ -165,8 +165,9 @@ def main() -> None:
                 sections[name] = previous.split(marker, 1)[1].split("<!-- /section -->", 1)[0].strip("\n")
     DOC.write_text(
         "# milliserve optimize: measured\n\n"
-        "Written by `python benchmarks/optimize_examples.py`. Latencies are in-process ONNX Runtime on one "
-        "thread, every variant of a model timed round-robin in one process (A B C A B C ...); accuracy is on "
+        "Written by `python benchmarks/optimize_examples.py`. Latencies are in-process on one thread (ONNX "
+        "Runtime; OpenVINO for its own variants), every variant of a model timed round-robin in one process "
+        "(A B C A B C ...); accuracy is on "
         "the held-out EVAL set. Speed-ups only compare variants measured in the same run.\n\n"
         + "\n".join(
             f"<!-- section:{name} -->\n{sections[name]}\n<!-- /section -->\n"
