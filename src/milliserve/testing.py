@@ -20,7 +20,7 @@ from typing import Literal
 from milliserve.config.settings import GrpcSettings, HttpSettings, MetricsSettings, Settings
 from milliserve.server.app import Server
 
-__all__ = ["InProcessServer", "ServerProcess", "free_port"]
+__all__ = ["InProcessServer", "RedisServer", "ServerProcess", "free_port"]
 
 
 def free_port() -> int:
@@ -158,3 +158,60 @@ class InProcessServer:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await asyncio.shield(self.server.stop())
+
+
+class RedisServer:
+    """A real ``redis-server`` on a free loopback port, without persistence; stopped by PID.
+
+    ``stop()`` and ``start()`` can be called again to drill an outage on the same port.
+    """
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        cmd = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--enable-debug-command",  # DEBUG SLEEP, for the slow-Redis drills
+            "local",
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -93,6 +93,35 @@ class DynamicBatching(_Strict):
         return self
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(v: Any) -> int:
+    """Bytes from an int or a string like ``64MiB``, ``512KB``, ``1GiB``."""
+    if isinstance(v, int | float):
+        return int(v)
+    text = str(v).strip().upper().replace(" ", "")
+    number = text.rstrip("KMGIB")
+    unit = text[len(number) :]
+    if not number or unit not in _SIZE_UNITS:
+        raise ValueError(f"{v!r} is not a size like 67108864, 64MiB or 500MB")
+    return int(float(number) * _SIZE_UNITS[unit])
+
+
+class ResponseCache(_Strict):
+    """``response_cache``: Triton's ``enable``, plus the TTL, byte bound and backend."""
+
+    enable: bool = False
+    ttl_s: float = Field(60.0, gt=0)
+    max_bytes: int = Field(64 * 2**20, gt=0)
+    backend: Literal["memory", "redis"] = "memory"
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> int:
+        return parse_size(v)
+
+
 class InstanceGroup(_Strict):
     name: str = ""
     count: int = Field(1, ge=1)
@@ -172,6 +201,7 @@ class ModelConfig(_Strict):
     instance_group: tuple[InstanceGroup, ...] = ()
     parameters: dict[str, str] = {}
     model_warmup: tuple[WarmupSpec, ...] = ()
+    response_cache: ResponseCache | None = None
 
     @field_validator("parameters", mode="before")
     @classmethod
@@ -330,6 +360,8 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
     }
     if cfg.dynamic_batching is not None:
         out["dynamic_batching"] = cfg.dynamic_batching.model_dump()
+    if cfg.response_cache is not None:
+        out["response_cache"] = cfg.response_cache.model_dump()
     if cfg.model_warmup:
         out["model_warmup"] = [w.model_dump() for w in cfg.model_warmup]
         for w in out["model_warmup"]:

@@ -38,6 +38,16 @@ class MetricsSettings(BaseModel):
     port: int = Field(8002, ge=0, le=65535)
 
 
+class RedisSettings(BaseModel):
+    """Redis for response caches with ``backend: redis`` (and, later, feature stores)."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    # every Redis call is bounded by this; a slower Redis is bypassed, never waited on
+    timeout_ms: float = Field(5.0, gt=0)
+    # after a failure Redis is left alone this long before it is tried again
+    backoff_s: float = Field(1.0, ge=0)
+
+
 class Settings(BaseSettings):
     """Everything a server needs. Defaults are safe: loopback only, repository API off."""
 
@@ -53,6 +63,7 @@ class Settings(BaseSettings):
     http: HttpSettings = HttpSettings()
     grpc: GrpcSettings = GrpcSettings()
     metrics: MetricsSettings = MetricsSettings()
+    redis: RedisSettings = RedisSettings()
     model_control_mode: Literal["none", "explicit"] = "none"
     # Models to load at start in explicit mode ("*" = all), as Triton's --load-model.
     load_models: list[str] = []

@@ -75,8 +75,32 @@ class Metrics(Collector):
         families = {
             name: HistogramMetricFamily(_P + name, doc, labels=_MV) for name, (doc, _) in hists.items()
         }
+        hits = CounterMetricFamily(_P + "cache_hits", "Requests answered by the response cache", labels=_MV)
+        misses = CounterMetricFamily(_P + "cache_misses", "Response cache lookups that missed", labels=_MV)
+        cache_errors = CounterMetricFamily(
+            _P + "cache_errors",
+            "Response cache backend failures (bypassed, never failing the request), by reason",
+            labels=[*_MV, "reason"],
+        )
+        cache_hist = {
+            "hit": HistogramMetricFamily(
+                _P + "cache_hit_duration_seconds", "Time to answer a request from the cache", labels=_MV
+            ),
+            "miss": HistogramMetricFamily(
+                _P + "cache_miss_duration_seconds",
+                "Time for a cache miss: lookup, compute and store",
+                labels=_MV,
+            ),
+        }
         for s in stats:
             lv = [s.name, s.version]
+            if s.cache_enabled:
+                hits.add_metric(lv, s.cache_hit.count)
+                misses.add_metric(lv, s.cache_miss.count)
+                for reason, n in sorted(s.cache_errors().items()):
+                    cache_errors.add_metric([*lv, reason], n)
+                cache_hist["hit"].add_metric(lv, _buckets(s.cache_hit_hist), s.cache_hit_hist.sum)
+                cache_hist["miss"].add_metric(lv, _buckets(s.cache_miss_hist), s.cache_miss_hist.sum)
             success.add_metric(lv, s.success.count)
             for reason, n in sorted(s.failures.items()):
                 failure.add_metric([*lv, reason], n)
@@ -91,3 +115,4 @@ class Metrics(Collector):
                 h: HistogramData = getattr(s, attr)
                 families[name].add_metric(lv, _buckets(h), h.sum)
         yield from (success, failure, count, execs, pending, load, warmup, first, *families.values())
+        yield from (hits, misses, cache_errors, *cache_hist.values())

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from milliserve.cache.response_cache import CacheFactory
 from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError
 from milliserve.repository.repository import Repository
 from milliserve.runtime.executor import Executor
@@ -48,9 +49,12 @@ class _Entry:
 class ModelRegistry:
     """Loads models from a Repository and hands out ready ModelRuntimes."""
 
-    def __init__(self, repository: Repository, executor: Executor) -> None:
+    def __init__(
+        self, repository: Repository, executor: Executor, caches: CacheFactory | None = None
+    ) -> None:
         self.repository = repository
         self._executor = executor
+        self.caches = caches or CacheFactory()
         self._entries: dict[str, _Entry] = {}
 
     def _entry(self, name: str) -> _Entry:
@@ -95,7 +99,9 @@ class ModelRegistry:
         try:
             for v in chosen:
                 vdir = self.repository.model_dir(name) / str(v)
-                built[str(v)] = await ModelRuntime.load(config, name, str(v), vdir, self._executor)
+                built[str(v)] = await ModelRuntime.load(
+                    config, name, str(v), vdir, self._executor, self.caches
+                )
         except BaseException:
             for rt in built.values():
                 await rt.close()

@@ -12,6 +12,7 @@ import numpy as np
 
 from milliserve.backends.base import Backend, BackendInfo
 from milliserve.backends.onnxruntime import OnnxRuntimeBackend, parse_ort_options
+from milliserve.cache.response_cache import CacheFactory, ResponseCache, cache_key
 from milliserve.config.model_config import ModelConfig, WarmupInput, WarmupSpec, config_path
 from milliserve.errors import (
     BackendError,
@@ -127,6 +128,7 @@ class ModelRuntime:
         self._workers: list[InstanceWorker] = []
         self.colocated = False  # whether its workers share the event loop's CPU (set by load)
         self.stats = ModelStats(config.name, version, pending=self.batcher.pending)
+        self.cache: ResponseCache | None = None  # set by load() when response_cache is enabled
 
     # ---- loading ----
     @classmethod
@@ -137,6 +139,7 @@ class ModelRuntime:
         version: str,
         version_dir: Path,
         executor: Executor,
+        caches: CacheFactory | None = None,
     ) -> ModelRuntime:
         """Create the instances, complete the config, warm up. Raises ConfigError or BackendError."""
         model_path = version_dir / MODEL_FILENAME
@@ -163,6 +166,12 @@ class ModelRuntime:
         t1 = time.perf_counter()
         feeds = await runtime._warmup()
         runtime.stats.record_load(load_s, time.perf_counter() - t1)
+        rc = final.response_cache
+        if rc is not None and rc.enable:
+            runtime.cache = (caches or CacheFactory()).make(rc.enable, rc.backend, rc.ttl_s, rc.max_bytes)
+            if runtime.cache is not None:
+                runtime.stats.cache_enabled = True
+                runtime.stats.cache_errors = lambda: dict(runtime.cache.stats.errors) if runtime.cache else {}
         # A model that runs in microseconds on one thread shares the event loop's CPU: the
         # hand-off to its worker then needs no cross-CPU wake-up (see docs/design.md).
         compute_s = await runtime._probe_compute(feeds) if feeds is not None else None
@@ -235,27 +244,36 @@ class ModelRuntime:
         t0 = time.perf_counter_ns()
         try:
             batch_size, signature = validate_request(request, self.io)
-            params = request.parameters
-            priority = self.policy.priority_index(params.get("priority"))
-            timeout_s = self.policy.timeout_s(params.get("timeout"))
-            future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
-            item = QueuedRequest(
-                {t.name: t.data for t in request.inputs}, batch_size, signature, future, priority
-            )
-            outputs = await self.batcher.execute(item, timeout_s)
+            if self.cache is None:
+                outputs = await self._compute(request, batch_size, signature)
+            else:
+                key = cache_key(self.config.name, self.version, request)
+                outputs, hit = await self.cache.get_or_compute(
+                    key, lambda: self._compute(request, batch_size, signature)
+                )
+                self.stats.record_cache(hit, time.perf_counter_ns() - t0)
         except (MilliserveError, asyncio.CancelledError) as exc:
             self.stats.record_request(time.perf_counter_ns() - t0, _failure_reason(exc))
             raise
-        wanted = [o.name for o in request.outputs] if request.outputs else self._output_names
-        specs = self.io.outputs
         response = InferResponse(
-            model_name=self.config.name,
-            model_version=self.version,
-            id=request.id,
-            outputs=[InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted],
+            model_name=self.config.name, model_version=self.version, id=request.id, outputs=outputs
         )
         self.stats.record_request(time.perf_counter_ns() - t0, None)
         return response
+
+    async def _compute(self, request: InferRequest, batch_size: int, signature: Any) -> list[InferTensor]:
+        """Queue the request for the batcher and return the outputs it asked for."""
+        params = request.parameters
+        priority = self.policy.priority_index(params.get("priority"))
+        timeout_s = self.policy.timeout_s(params.get("timeout"))
+        future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
+        item = QueuedRequest(
+            {t.name: t.data for t in request.inputs}, batch_size, signature, future, priority
+        )
+        outputs = await self.batcher.execute(item, timeout_s)
+        wanted = [o.name for o in request.outputs] if request.outputs else self._output_names
+        specs = self.io.outputs
+        return [InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted]
 
     def _execute(self, backend: Backend, batch: list[QueuedRequest]) -> tuple[list[Arrays], int, int, int]:
         """Runs in a worker thread: assemble, run, split. Returns per-request outputs and timings."""

@@ -87,6 +87,13 @@ class ModelStats:
     compute_infer_hist: HistogramData = field(default_factory=_latency)
     compute_output_hist: HistogramData = field(default_factory=_latency)
     batch_hist: HistogramData = field(default_factory=lambda: HistogramData(BATCH_BUCKETS))
+    # response cache (when enabled): Triton's cache_hit / cache_miss, plus errors by reason
+    cache_enabled: bool = False
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    cache_hit_hist: HistogramData = field(default_factory=_latency)
+    cache_miss_hist: HistogramData = field(default_factory=_latency)
+    cache_errors: Callable[[], dict[str, int]] = dict
     load_s: float = 0.0
     warmup_s: float = 0.0
     first_request_s: float | None = None
@@ -103,6 +110,11 @@ class ModelStats:
         else:
             self.fail.add(duration_ns)
             self.failures[failure_reason] = self.failures.get(failure_reason, 0) + 1
+
+    def record_cache(self, hit: bool, duration_ns: int) -> None:
+        """A cache lookup's outcome; for a miss the duration covers the compute it waited for."""
+        (self.cache_hit if hit else self.cache_miss).add(duration_ns)
+        (self.cache_hit_hist if hit else self.cache_miss_hist).observe(duration_ns / 1e9)
 
     def record_batch(
         self, items: int, queue_ns: list[int], input_ns: int, infer_ns: int, output_ns: int
@@ -144,8 +156,8 @@ class ModelStats:
                 "compute_input": self.compute_input.as_dict(),
                 "compute_infer": self.compute_infer.as_dict(),
                 "compute_output": self.compute_output.as_dict(),
-                "cache_hit": Duration().as_dict(),
-                "cache_miss": Duration().as_dict(),
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
             },
             "batch_stats": [
                 {

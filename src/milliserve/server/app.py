@@ -17,6 +17,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from milliserve.cache.response_cache import CacheFactory
 from milliserve.config.settings import Settings
 from milliserve.errors import ConfigError
 from milliserve.observability.metrics import Metrics
@@ -50,7 +51,9 @@ class Server:
         self.settings = settings
         self.prometheus_registry = prometheus_registry or CollectorRegistry()
         self.executor = Executor(cpu_affinity=settings.cpu_affinity == "auto")
-        self.registry = ModelRegistry(Repository(settings.model_repository), self.executor)
+        redis = settings.redis
+        self.caches = CacheFactory(redis.url, redis.timeout_ms / 1000, redis.backoff_s)
+        self.registry = ModelRegistry(Repository(settings.model_repository), self.executor, self.caches)
         self.metrics = Metrics(
             self.prometheus_registry, lambda: (rt.stats for rt in self.registry.all_ready())
         )
@@ -130,6 +133,7 @@ class Server:
             waits.append(asyncio.ensure_future(self._grpc.stop(grace)))
         await asyncio.gather(*waits, return_exceptions=True)
         await self.registry.close()
+        await self.caches.close()
         self.executor.shutdown()
         self.executor.unpin_event_loop()
         log.info("stopped")
