@@ -92,8 +92,15 @@ class Metrics(Collector):
                 labels=_MV,
             ),
         }
+        stage = HistogramMetricFamily(
+            _P + "stage_duration_seconds",
+            "Time each request spent per stage (parse, cache, queue, infer, serialize, ...)",
+            labels=[*_MV, "stage"],
+        )
         for s in stats:
             lv = [s.name, s.version]
+            for name, sh in sorted(s.stage_hist.items()):
+                stage.add_metric([*lv, name], _buckets(sh), sh.sum)
             if s.cache_enabled:
                 hits.add_metric(lv, s.cache_hit.count)
                 misses.add_metric(lv, s.cache_miss.count)
@@ -115,4 +122,4 @@ class Metrics(Collector):
                 h: HistogramData = getattr(s, attr)
                 families[name].add_metric(lv, _buckets(h), h.sum)
         yield from (success, failure, count, execs, pending, load, warmup, first, *families.values())
-        yield from (hits, misses, cache_errors, *cache_hist.values())
+        yield from (hits, misses, cache_errors, *cache_hist.values(), stage)

@@ -64,6 +64,11 @@ class InferResponse:
     outputs: list[InferTensor]
     id: str = ""
     parameters: Parameters = field(default_factory=dict)
+    # seconds per request stage (parse, cache, queue, infer, serialize, ...): not sent as
+    # tensors; front-ends turn them into Server-Timing / trailing metadata
+    timings: dict[str, float] = field(default_factory=dict)
+    # where a front-end reports the stages it timed itself (decode, serialize)
+    record_stages: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -242,27 +242,44 @@ class ModelRuntime:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, queue and answer one request."""
         t0 = time.perf_counter_ns()
+        stages: dict[str, float] = {}
         try:
             batch_size, signature = validate_request(request, self.io)
+            t1 = time.perf_counter_ns()
+            stages["parse"] = (t1 - t0) / 1e9  # validation; the front-end adds its decoding
             if self.cache is None:
-                outputs = await self._compute(request, batch_size, signature)
+                outputs = await self._compute(request, batch_size, signature, stages)
             else:
                 key = cache_key(self.config.name, self.version, request)
                 outputs, hit = await self.cache.get_or_compute(
-                    key, lambda: self._compute(request, batch_size, signature)
+                    key, lambda: self._compute(request, batch_size, signature, stages)
                 )
-                self.stats.record_cache(hit, time.perf_counter_ns() - t0)
+                elapsed = time.perf_counter_ns() - t1
+                self.stats.record_cache(hit, elapsed)
+                # lookup, store, or waiting on another request's identical computation
+                stages["cache"] = max(
+                    0.0, elapsed / 1e9 - stages.get("queue", 0.0) - stages.get("infer", 0.0)
+                )
         except (MilliserveError, asyncio.CancelledError) as exc:
             self.stats.record_request(time.perf_counter_ns() - t0, _failure_reason(exc))
             raise
         response = InferResponse(
-            model_name=self.config.name, model_version=self.version, id=request.id, outputs=outputs
+            model_name=self.config.name,
+            model_version=self.version,
+            id=request.id,
+            outputs=outputs,
+            timings=stages,
+            record_stages=self.stats.record_stages,
         )
         self.stats.record_request(time.perf_counter_ns() - t0, None)
         return response
 
-    async def _compute(self, request: InferRequest, batch_size: int, signature: Any) -> list[InferTensor]:
-        """Queue the request for the batcher and return the outputs it asked for."""
+    async def _compute(
+        self, request: InferRequest, batch_size: int, signature: Any, stages: dict[str, float]
+    ) -> list[InferTensor]:
+        """Queue the request for the batcher and return the outputs it asked for. Records the
+        ``queue`` stage (until an instance took it) and ``infer`` (from then until the result
+        is back on the event loop, hand-offs included)."""
         params = request.parameters
         priority = self.policy.priority_index(params.get("priority"))
         timeout_s = self.policy.timeout_s(params.get("timeout"))
@@ -271,6 +288,8 @@ class ModelRuntime:
             {t.name: t.data for t in request.inputs}, batch_size, signature, future, priority
         )
         outputs = await self.batcher.execute(item, timeout_s)
+        stages["queue"] = item.dispatched - item.enqueued
+        stages["infer"] = time.perf_counter() - item.dispatched
         wanted = [o.name for o in request.outputs] if request.outputs else self._output_names
         specs = self.io.outputs
         return [InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted]

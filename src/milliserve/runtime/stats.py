@@ -94,6 +94,8 @@ class ModelStats:
     cache_hit_hist: HistogramData = field(default_factory=_latency)
     cache_miss_hist: HistogramData = field(default_factory=_latency)
     cache_errors: Callable[[], dict[str, int]] = dict
+    # per-stage durations of successful requests (parse, cache, queue, infer, serialize, ...)
+    stage_hist: dict[str, HistogramData] = field(default_factory=dict)
     load_s: float = 0.0
     warmup_s: float = 0.0
     first_request_s: float | None = None
@@ -110,6 +112,13 @@ class ModelStats:
         else:
             self.fail.add(duration_ns)
             self.failures[failure_reason] = self.failures.get(failure_reason, 0) + 1
+
+    def record_stages(self, stages: dict[str, float]) -> None:
+        for name, seconds in stages.items():
+            h = self.stage_hist.get(name)
+            if h is None:
+                h = self.stage_hist[name] = _latency()
+            h.observe(seconds)
 
     def record_cache(self, hit: bool, duration_ns: int) -> None:
         """A cache lookup's outcome; for a miss the duration covers the compute it waited for."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from google.protobuf import json_format
 from milliserve import errors as e
 from milliserve.config.model_config import config_to_proto
 from milliserve.errors import MilliserveError, ModelNotReadyError
+from milliserve.observability.timing import server_timing
 from milliserve.protocol import grpc_codec
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.runtime.dataplane import DataPlane
@@ -71,9 +73,25 @@ class Servicer:
         )
 
     async def ModelInfer(self, req: Any, ctx: Any) -> Any:
+        out, timing = await self._infer(req)
+        ctx.set_trailing_metadata((("server-timing", timing),))
+        return out
+
+    async def _infer(self, req: Any) -> tuple[Any, str]:
+        """One request; returns the response message and its Server-Timing value."""
+        t0 = time.perf_counter()
         request = grpc_codec.decode_infer_request(req)
+        t1 = time.perf_counter()
         response = await self.dp.infer(request)
-        return grpc_codec.encode_infer_response(response)
+        t2 = time.perf_counter()
+        out = grpc_codec.encode_infer_response(response)
+        t3 = time.perf_counter()
+        stages = response.timings
+        stages["parse"] = stages.get("parse", 0.0) + (t1 - t0)
+        stages["serialize"] = t3 - t2
+        if response.record_stages is not None:
+            response.record_stages(stages)
+        return out, server_timing(stages, t3 - t0)
 
     async def ModelConfig(self, req: Any, ctx: Any) -> Any:
         return pb.ModelConfigResponse(config=config_to_proto(self.dp.model_config(req.name, req.version)))
@@ -101,7 +119,7 @@ class Servicer:
 
         async def one(msg: Any) -> None:
             try:
-                resp = await self.ModelInfer(msg, ctx)
+                resp, _ = await self._infer(msg)
                 await finished.put(pb.ModelStreamInferResponse(infer_response=resp))
             except MilliserveError as exc:
                 failed = pb.ModelInferResponse(id=msg.id, model_name=msg.model_name)

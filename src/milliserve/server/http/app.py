@@ -9,6 +9,7 @@ request objects cost more than the whole tiny-model inference.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from milliserve.errors import (
     NotFoundError,
     RequestTooLargeError,
 )
+from milliserve.observability.timing import server_timing
 from milliserve.protocol.json_codec import (
     decode_infer_request,
     decode_json_object,
@@ -41,6 +43,7 @@ Send = Callable[[Message], Awaitable[None]]
 _JSON = (b"content-type", b"application/json")
 _OCTET = (b"content-type", b"application/octet-stream")
 _HEADER_LEN = b"inference-header-content-length"
+_SERVER_TIMING = b"server-timing"
 _EMPTY_OK = b"{}"
 
 
@@ -146,12 +149,22 @@ class HttpApp:
                         "Inference-Header-Content-Length must be an integer"
                     ) from None
         body = await self._read_body(scope, receive)
+        t0 = time.perf_counter()  # from here on the time is the server's, not the network's
         request = decode_infer_request(body, header_len, name, version)
+        t1 = time.perf_counter()
         response = await self.dp.infer(request)
+        t2 = time.perf_counter()
         out, out_header_len = encode_infer_response(response, request)
+        t3 = time.perf_counter()
+        stages = response.timings
+        stages["parse"] = stages.get("parse", 0.0) + (t1 - t0)
+        stages["serialize"] = t3 - t2
+        if response.record_stages is not None:
+            response.record_stages(stages)
+        timing = (_SERVER_TIMING, server_timing(stages, t3 - t0).encode())
         if out_header_len is None:
-            return 200, out, [_JSON]
-        return 200, out, [_OCTET, (_HEADER_LEN, str(out_header_len).encode())]
+            return 200, out, [_JSON, timing]
+        return 200, out, [_OCTET, (_HEADER_LEN, str(out_header_len).encode()), timing]
 
     def _get(self, rest: list[str]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         dp = self.dp

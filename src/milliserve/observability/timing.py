@@ -1,0 +1,17 @@
+"""Per-request stage timings as the ``Server-Timing`` header (HTTP) and trailing
+metadata (gRPC) carry them: ``parse;dur=0.021, queue;dur=0.004, ..., total;dur=0.180``
+with durations in milliseconds (W3C Server Timing)."""
+
+from __future__ import annotations
+
+__all__ = ["STAGES", "server_timing"]
+
+STAGES = ("parse", "cache", "features", "queue", "infer", "postprocess", "serialize")
+
+
+def server_timing(stages: dict[str, float], total_s: float) -> str:
+    """The header value: known stages in request order, then any others, then the total."""
+    parts = [f"{k};dur={stages[k] * 1e3:.3f}" for k in STAGES if k in stages]
+    parts += [f"{k};dur={v * 1e3:.3f}" for k, v in stages.items() if k not in STAGES]
+    parts.append(f"total;dur={total_s * 1e3:.3f}")
+    return ", ".join(parts)
