@@ -15,6 +15,8 @@ to status codes. Messages name the offending value and what was expected.
     │   ├── QueueFullError           the batcher queue is at max_queue_size
     │   └── ServerShuttingDownError  the server no longer accepts work
     ├── QueueTimeoutError            the request expired in the queue (HTTP 504 / DEADLINE_EXCEEDED)
+    ├── DeadlineUnmeetableError      the request cannot finish before its deadline, so it is not run
+    │                                (HTTP 429 / DEADLINE_EXCEEDED)
     ├── ModelControlDisabledError    the repository API is off (HTTP 403 / PERMISSION_DENIED)
     └── BackendError                 the backend failed while loading or running (HTTP 500 / INTERNAL)
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 __all__ = [
     "BackendError",
     "ConfigError",
+    "DeadlineUnmeetableError",
     "InvalidInputError",
     "MalformedRequestError",
     "MilliserveError",
@@ -89,6 +92,10 @@ class ServerShuttingDownError(UnavailableError):
 
 class QueueTimeoutError(MilliserveError):
     """The request's timeout expired while it waited in the queue."""
+
+
+class DeadlineUnmeetableError(MilliserveError):
+    """The request would miss its deadline (or already has): rejected without running it."""
 
 
 class ModelControlDisabledError(MilliserveError):

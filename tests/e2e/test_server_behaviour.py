@@ -100,7 +100,12 @@ def test_full_queue_answers_503_and_unavailable_at_once(
         assert "StatusCode.UNAVAILABLE" in errors and done
 
 
-def test_request_timeout_expires_in_the_queue(tmp_path: Path, write_slow: Callable[..., Path]) -> None:
+def test_request_timeout_that_cannot_be_met_is_refused_at_once(
+    tmp_path: Path, write_slow: Callable[..., Path]
+) -> None:
+    """The OIP ``timeout`` is a deadline: with full batches queued ahead, a 1 ms request is
+    refused at once (429) instead of waiting to time out. (Queue expiry itself, 504, is a
+    batcher unit test.)"""
     write_slow(tmp_path, config=SLOW_QUEUE.replace("max_queue_size: 2", "max_queue_size: 8"))
     with ServerProcess(tmp_path) as srv:
         url = f"http://{srv.http_url}/v2/models/slow/infer"
@@ -110,7 +115,8 @@ def test_request_timeout_expires_in_the_queue(tmp_path: Path, write_slow: Callab
             time.sleep(0.15)  # the instance works through a queue of full batches
             r = c.post(url, json=quick)
             assert [b.result().status_code for b in busy] == [200] * 4
-        assert r.status_code == 504 and "timed out" in r.json()["error"]
+        assert r.status_code == 429 and "would miss its deadline" in r.json()["error"]
+        assert r.elapsed.total_seconds() < 0.1  # answered at once, not after the queue
 
 
 def test_sigterm_finishes_requests_in_flight_then_exits(
@@ -179,3 +185,40 @@ def test_bad_command_line_fails_clearly(tmp_path: Path) -> None:
         [sys.executable, "-m", "milliserve", "serve"], capture_output=True, text=True, timeout=30
     )
     assert r.returncode == 2 and "MODEL_REPOSITORY" in r.stderr
+
+
+def _executions(c: httpx.Client, base: str) -> int:
+    return int(c.get(f"{base}/v2/models/slow/stats").json()["model_stats"][0]["execution_count"])
+
+
+def test_deadlines_from_header_grpc_and_budget(tmp_path: Path, write_slow: Callable[..., Path]) -> None:
+    """A request that cannot finish in time gets 429 / DEADLINE_EXCEEDED without being run;
+    one that can is served. Without a deadline of its own, the budget's p99 applies."""
+    write_slow(tmp_path, config=SLOW_QUEUE)
+    write_slow(
+        tmp_path,
+        name="budgeted",
+        config=SLOW_QUEUE.replace('"slow"', '"budgeted"') + "budget { p99_ms: 1 }\n",
+    )
+    with ServerProcess(tmp_path) as srv, httpx.Client(timeout=60) as c:
+        base = f"http://{srv.http_url}"
+        url = f"{base}/v2/models/slow/infer"
+        assert c.post(url, json=slow_body(1)).status_code == 200  # teaches the estimator
+        before = _executions(c, base)
+        r = c.post(url, json=slow_body(1), headers={"x-request-deadline-ms": "0.5"})
+        assert r.status_code == 429 and "would miss its deadline" in r.json()["error"]
+        assert _executions(c, base) == before  # refused without spending compute on it
+        assert c.post(url, json=slow_body(1), headers={"x-request-deadline-ms": "5000"}).status_code == 200
+        bad = c.post(url, json=slow_body(1), headers={"x-request-deadline-ms": "soon"})
+        assert bad.status_code == 400 and "x-request-deadline-ms" in bad.json()["error"]
+
+        budgeted = c.post(f"{base}/v2/models/budgeted/infer", json=slow_body(1))
+        assert budgeted.status_code == 429 and "would miss its deadline" in budgeted.json()["error"]
+
+        with grpcclient.InferenceServerClient(srv.grpc_url) as g:
+            x = grpcclient.InferInput("X", [1, 256, 256], "FP32")
+            x.set_data_from_numpy(np.ones((1, 256, 256), np.float32))
+            with pytest.raises(InferenceServerException) as err:
+                g.infer("slow", [x], client_timeout=0.02)  # 20 ms: less than one run of the model
+            assert "DEADLINE_EXCEEDED" in str(err.value.status()) and "would miss" in str(err.value.message())
+            assert g.infer("slow", [x], client_timeout=30).as_numpy("Y").shape == (1, 256, 256)

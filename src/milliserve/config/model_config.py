@@ -122,6 +122,28 @@ class ResponseCache(_Strict):
         return parse_size(v)
 
 
+class Budget(_Strict):
+    """``budget``: the latency budget, its p99 target and its split across stages (ms)."""
+
+    p99_ms: float = Field(gt=0)
+    stages: dict[str, float] = {}
+
+    @model_validator(mode="after")
+    def _fits(self) -> Budget:
+        unknown = sorted(set(self.stages) - set(BUDGET_STAGES))
+        if unknown:
+            raise ValueError(f"budget.stages {unknown} are not stages; use {list(BUDGET_STAGES)}")
+        if any(v < 0 for v in self.stages.values()):
+            raise ValueError("budget.stages must be >= 0 ms")
+        total = sum(self.stages.values())
+        if total > self.p99_ms + 1e-9:
+            raise ValueError(f"budget.stages add up to {total:g} ms, more than p99_ms {self.p99_ms:g}")
+        return self
+
+
+BUDGET_STAGES = ("parse", "cache", "features", "queue", "infer", "postprocess", "serialize")
+
+
 class InstanceGroup(_Strict):
     name: str = ""
     count: int = Field(1, ge=1)
@@ -202,6 +224,7 @@ class ModelConfig(_Strict):
     parameters: dict[str, str] = {}
     model_warmup: tuple[WarmupSpec, ...] = ()
     response_cache: ResponseCache | None = None
+    budget: Budget | None = None
 
     @field_validator("parameters", mode="before")
     @classmethod
@@ -362,6 +385,8 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
         out["dynamic_batching"] = cfg.dynamic_batching.model_dump()
     if cfg.response_cache is not None:
         out["response_cache"] = cfg.response_cache.model_dump()
+    if cfg.budget is not None:
+        out["budget"] = cfg.budget.model_dump()
     if cfg.model_warmup:
         out["model_warmup"] = [w.model_dump() for w in cfg.model_warmup]
         for w in out["model_warmup"]:

@@ -53,6 +53,9 @@ class InferRequest:
     id: str = ""
     outputs: list[RequestedOutput] | None = None
     parameters: Parameters = field(default_factory=dict)
+    # absolute time.perf_counter() by which the answer must be out: from the HTTP header
+    # x-request-deadline-ms or the gRPC deadline (set by the front-ends)
+    deadline: float | None = None
 
 
 @dataclass(slots=True)

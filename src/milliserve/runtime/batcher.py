@@ -103,6 +103,7 @@ class QueuedRequest:
     enqueued: float = field(default_factory=time.perf_counter)
     expired: bool = False
     dispatched: float = 0.0
+    deadline: float | None = None  # perf_counter() by which the answer must be out
     timer: asyncio.TimerHandle | None = None
 
 
@@ -143,6 +144,10 @@ class Batcher:
     @property
     def inflight(self) -> int:
         return self._inflight
+
+    @property
+    def free_instances(self) -> int:
+        return len(self._free)
 
     def pending(self) -> int:
         """Requests accepted and not yet answered: queued plus running."""

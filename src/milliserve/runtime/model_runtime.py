@@ -17,6 +17,7 @@ from milliserve.config.model_config import ModelConfig, WarmupInput, WarmupSpec,
 from milliserve.errors import (
     BackendError,
     ConfigError,
+    DeadlineUnmeetableError,
     InvalidInputError,
     MilliserveError,
     QueueFullError,
@@ -28,6 +29,7 @@ from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
 from milliserve.repository.autocomplete import complete_config
 from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
+from milliserve.runtime.deadline import LatencyEstimator
 from milliserve.runtime.executor import Executor, InstanceWorker
 from milliserve.runtime.stats import ModelStats
 from milliserve.runtime.validation import ModelIO, validate_request
@@ -48,6 +50,8 @@ def _failure_reason(exc: BaseException) -> str:
         return "QUEUE_FULL"
     if isinstance(exc, QueueTimeoutError):
         return "TIMEOUT"
+    if isinstance(exc, DeadlineUnmeetableError):
+        return "DEADLINE"
     if isinstance(exc, UnavailableError):
         return "UNAVAILABLE"
     if isinstance(exc, asyncio.CancelledError):
@@ -129,6 +133,9 @@ class ModelRuntime:
         self.colocated = False  # whether its workers share the event loop's CPU (set by load)
         self.stats = ModelStats(config.name, version, pending=self.batcher.pending)
         self.cache: ResponseCache | None = None  # set by load() when response_cache is enabled
+        self.estimator = LatencyEstimator()
+        self._instances = len(backends)
+        self._budget_s = config.budget.p99_ms / 1000 if config.budget is not None else None
 
     # ---- loading ----
     @classmethod
@@ -177,6 +184,7 @@ class ModelRuntime:
         compute_s = await runtime._probe_compute(feeds) if feeds is not None else None
         colocate = compute_s is not None and compute_s < COLOCATE_BELOW_S and options.intra_op_threads == 1
         runtime.colocated = colocate and executor.loop_cpu is not None
+        runtime.estimator.prior_s = compute_s
         runtime._workers = [executor.worker(f"{name}:{version}:{i}", colocate=colocate) for i in range(count)]
         await runtime.batcher.start()
         log.info(
@@ -245,14 +253,17 @@ class ModelRuntime:
         stages: dict[str, float] = {}
         try:
             batch_size, signature = validate_request(request, self.io)
+            deadline = self._deadline(request, t0 / 1e9)
+            if deadline is not None:
+                self._admit(deadline, batch_size)
             t1 = time.perf_counter_ns()
             stages["parse"] = (t1 - t0) / 1e9  # validation; the front-end adds its decoding
             if self.cache is None:
-                outputs = await self._compute(request, batch_size, signature, stages)
+                outputs = await self._compute(request, batch_size, signature, stages, deadline)
             else:
                 key = cache_key(self.config.name, self.version, request)
                 outputs, hit = await self.cache.get_or_compute(
-                    key, lambda: self._compute(request, batch_size, signature, stages)
+                    key, lambda: self._compute(request, batch_size, signature, stages, deadline)
                 )
                 elapsed = time.perf_counter_ns() - t1
                 self.stats.record_cache(hit, elapsed)
@@ -274,8 +285,46 @@ class ModelRuntime:
         self.stats.record_request(time.perf_counter_ns() - t0, None)
         return response
 
+    def _deadline(self, request: InferRequest, start: float) -> float | None:
+        """The earliest of the request's deadline (header or gRPC), its OIP ``timeout``
+        (µs), and, when it gives neither, the budget's p99."""
+        found = [request.deadline] if request.deadline is not None else []
+        timeout = request.parameters.get("timeout")
+        # with timeout_action DELAY a late request is still served, so its timeout is no deadline
+        if (
+            isinstance(timeout, int | float)
+            and not isinstance(timeout, bool)
+            and timeout > 0
+            and not self.policy.delay_on_timeout
+        ):
+            found.append(start + timeout / 1e6)
+        if not found and self._budget_s is not None:
+            found.append(start + self._budget_s)
+        return min(found) if found else None
+
+    def _admit(self, deadline: float, batch_size: int) -> None:
+        """Refuse at once a request that cannot finish in time (HTTP 429, gRPC DEADLINE_EXCEEDED)."""
+        compute = self.estimator.compute_s(batch_size)
+        if compute is None:
+            return  # nothing known yet: admit
+        b = self.batcher
+        batch_cap = max(1, self.config.max_batch_size)
+        queue = self.estimator.queue_s(b.queued, b.free_instances, self._instances, batch_cap)
+        left = deadline - time.perf_counter()
+        if queue + compute > left:
+            raise DeadlineUnmeetableError(
+                f"request to model {self.config.name!r} would miss its deadline: it needs about "
+                f"{(queue + compute) * 1e3:.2f} ms (queue ~{queue * 1e3:.2f} ms + compute "
+                f"~{compute * 1e3:.2f} ms) and has {max(left, 0.0) * 1e3:.2f} ms left; not run"
+            )
+
     async def _compute(
-        self, request: InferRequest, batch_size: int, signature: Any, stages: dict[str, float]
+        self,
+        request: InferRequest,
+        batch_size: int,
+        signature: Any,
+        stages: dict[str, float],
+        deadline: float | None = None,
     ) -> list[InferTensor]:
         """Queue the request for the batcher and return the outputs it asked for. Records the
         ``queue`` stage (until an instance took it) and ``infer`` (from then until the result
@@ -287,6 +336,7 @@ class ModelRuntime:
         item = QueuedRequest(
             {t.name: t.data for t in request.inputs}, batch_size, signature, future, priority
         )
+        item.deadline = deadline
         outputs = await self.batcher.execute(item, timeout_s)
         stages["queue"] = item.dispatched - item.enqueued
         stages["infer"] = time.perf_counter() - item.dispatched
@@ -317,6 +367,21 @@ class ModelRuntime:
         return per_item, t1 - t0, t2 - t1, t3 - t2
 
     async def _run_batch(self, batch: list[QueuedRequest], index: int) -> None:
+        started = time.perf_counter()
+        late = [it for it in batch if it.deadline is not None and it.deadline <= started]
+        if late:  # already lost: answer them now and spend no compute on them
+            for it in late:
+                if not it.future.done():
+                    it.future.set_exception(
+                        DeadlineUnmeetableError(
+                            f"request to model {self.config.name!r} reached its deadline while "
+                            "queued; not run"
+                        )
+                    )
+            gone = {id(it) for it in late}
+            batch = [it for it in batch if id(it) not in gone]
+            if not batch:
+                return
         try:
             if self._inline:
                 per_item, in_ns, infer_ns, out_ns = self._execute(self._backends[index], batch)
@@ -343,6 +408,7 @@ class ModelRuntime:
                 if not it.future.done():
                     it.future.set_exception(err)
             return
+        self.estimator.observe(sum(it.batch_size for it in batch), time.perf_counter() - started)
         queue_ns = [int((it.dispatched - it.enqueued) * 1e9) for it in batch]
         self.stats.record_batch(sum(it.batch_size for it in batch), queue_ns, in_ns, infer_ns, out_ns)
         for it, outs in zip(batch, per_item, strict=True):

@@ -38,6 +38,7 @@ def grpc_status(exc: BaseException) -> grpc.StatusCode:
         (e.NotFoundError, grpc.StatusCode.NOT_FOUND),
         (e.UnavailableError, grpc.StatusCode.UNAVAILABLE),
         (e.QueueTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+        (e.DeadlineUnmeetableError, grpc.StatusCode.DEADLINE_EXCEEDED),
         (e.ModelControlDisabledError, grpc.StatusCode.PERMISSION_DENIED),
         (e.BackendError, grpc.StatusCode.INTERNAL),
     ]
@@ -73,14 +74,17 @@ class Servicer:
         )
 
     async def ModelInfer(self, req: Any, ctx: Any) -> Any:
-        out, timing = await self._infer(req)
+        out, timing = await self._infer(req, ctx)
         ctx.set_trailing_metadata((("server-timing", timing),))
         return out
 
-    async def _infer(self, req: Any) -> tuple[Any, str]:
+    async def _infer(self, req: Any, ctx: Any) -> tuple[Any, str]:
         """One request; returns the response message and its Server-Timing value."""
         t0 = time.perf_counter()
+        remaining = ctx.time_remaining()  # the client's gRPC deadline, if it set one
         request = grpc_codec.decode_infer_request(req)
+        if remaining is not None:
+            request.deadline = t0 + remaining
         t1 = time.perf_counter()
         response = await self.dp.infer(request)
         t2 = time.perf_counter()
@@ -119,7 +123,7 @@ class Servicer:
 
         async def one(msg: Any) -> None:
             try:
-                resp, _ = await self._infer(msg)
+                resp, _ = await self._infer(msg, ctx)
                 await finished.put(pb.ModelStreamInferResponse(infer_response=resp))
             except MilliserveError as exc:
                 failed = pb.ModelInferResponse(id=msg.id, model_name=msg.model_name)

@@ -44,6 +44,7 @@ _JSON = (b"content-type", b"application/json")
 _OCTET = (b"content-type", b"application/octet-stream")
 _HEADER_LEN = b"inference-header-content-length"
 _SERVER_TIMING = b"server-timing"
+_DEADLINE = b"x-request-deadline-ms"
 _EMPTY_OK = b"{}"
 
 
@@ -139,7 +140,9 @@ class HttpApp:
         if tail != ["infer"]:
             raise NotFoundError(f"no route for POST {scope['path']}")
         self.dp.model_ready(name, version)  # an unknown model is a 404 whatever the body says
+        arrived = time.perf_counter()
         header_len: int | None = None
+        deadline: float | None = None
         for k, v in scope["headers"]:
             if k == _HEADER_LEN:
                 try:
@@ -148,9 +151,21 @@ class HttpApp:
                     raise MalformedRequestError(
                         "Inference-Header-Content-Length must be an integer"
                     ) from None
+            elif k == _DEADLINE:
+                try:
+                    ms = float(v)
+                except ValueError:
+                    ms = -1.0
+                if not ms > 0 or ms == float("inf"):
+                    raise MalformedRequestError(
+                        "x-request-deadline-ms must be a positive number of milliseconds, "
+                        f"got {v.decode(errors='replace')!r}"
+                    )
+                deadline = arrived + ms / 1000
         body = await self._read_body(scope, receive)
         t0 = time.perf_counter()  # from here on the time is the server's, not the network's
         request = decode_infer_request(body, header_len, name, version)
+        request.deadline = deadline
         t1 = time.perf_counter()
         response = await self.dp.infer(request)
         t2 = time.perf_counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from milliserve.errors import (
     BackendError,
+    DeadlineUnmeetableError,
     ModelControlDisabledError,
     NotFoundError,
     QueueTimeoutError,
@@ -27,6 +28,8 @@ def http_status(exc: BaseException) -> int:
         return 503
     if isinstance(exc, QueueTimeoutError):
         return 504
+    if isinstance(exc, DeadlineUnmeetableError):
+        return 429
     if isinstance(exc, ModelControlDisabledError):
         return 403
     if isinstance(exc, BackendError):

@@ -1,0 +1,44 @@
+"""Deadline admission: an online estimate of how long a request will take (queue plus
+compute, per batch size), so a request that cannot finish in time is refused at once
+instead of being computed for nobody."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["LatencyEstimator"]
+
+_ALPHA = 0.2  # EWMA weight of a new observation
+
+
+class LatencyEstimator:
+    """EWMA of the time from an instance taking a batch to its result being back on the
+    event loop, per batch size; ``prior_s`` (the load-time probe) until a size is seen."""
+
+    def __init__(self, prior_s: float | None = None) -> None:
+        self.prior_s = prior_s
+        self.by_batch: dict[int, float] = {}
+
+    def observe(self, batch_size: int, seconds: float) -> None:
+        old = self.by_batch.get(batch_size)
+        self.by_batch[batch_size] = seconds if old is None else old + _ALPHA * (seconds - old)
+
+    def compute_s(self, batch_size: int) -> float | None:
+        """The estimate for ``batch_size``: seen exactly, else the nearest size seen, scaled
+        up (never down) for a larger batch; None when nothing is known."""
+        if batch_size in self.by_batch:
+            return self.by_batch[batch_size]
+        if not self.by_batch:
+            return self.prior_s
+        nearest = min(self.by_batch, key=lambda b: abs(b - batch_size))
+        scale = max(1.0, batch_size / nearest)
+        return self.by_batch[nearest] * scale
+
+    def queue_s(self, queued_items: int, free_instances: int, instances: int, max_batch: int) -> float:
+        """Expected wait for an instance: nothing when one is free and nobody is queued;
+        otherwise half a running batch plus the full batches queued ahead, per instance."""
+        if free_instances and not queued_items:
+            return 0.0
+        per_batch = self.compute_s(max(1, min(max_batch, queued_items + 1))) or 0.0
+        waves = math.floor(queued_items / max(1, max_batch)) / max(1, instances)
+        return (0.0 if free_instances else 0.5 * per_batch) + waves * per_batch
