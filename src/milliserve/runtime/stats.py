@@ -22,6 +22,11 @@ LATENCY_BUCKETS = (
     0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
+# stages are often a few microseconds: finer at the bottom than request latencies
+STAGE_BUCKETS = (
+    0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -117,7 +122,7 @@ class ModelStats:
         for name, seconds in stages.items():
             h = self.stage_hist.get(name)
             if h is None:
-                h = self.stage_hist[name] = _latency()
+                h = self.stage_hist[name] = HistogramData(STAGE_BUCKETS)
             h.observe(seconds)
 
     def record_cache(self, hit: bool, duration_ns: int) -> None:
