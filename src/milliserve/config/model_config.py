@@ -78,6 +78,13 @@ class DynamicBatching(_Strict):
     priority_levels: int = Field(0, ge=0)
     default_priority_level: int = Field(0, ge=0)
     default_queue_policy: QueuePolicy = QueuePolicy()
+    # milliserve: tune the queue delay and batch cap online to keep queue + compute p99 under this
+    target_p99_ms: float | None = Field(None, gt=0)
+
+    @field_validator("target_p99_ms", mode="before")
+    @classmethod
+    def _unset(cls, v: Any) -> Any:
+        return None if v in (0, 0.0) else v  # protobuf's default means "not set"
 
     @model_validator(mode="after")
     def _priorities(self) -> DynamicBatching:

@@ -97,8 +97,18 @@ class Metrics(Collector):
             "Time each request spent per stage (parse, cache, queue, infer, serialize, ...)",
             labels=[*_MV, "stage"],
         )
+        cap = GaugeMetricFamily(
+            _P + "batcher_max_batch_size", "Batch cap chosen by budget-driven batching", labels=_MV
+        )
+        delay = GaugeMetricFamily(
+            _P + "batcher_queue_delay_seconds", "Queue delay chosen by budget-driven batching", labels=_MV
+        )
         for s in stats:
             lv = [s.name, s.version]
+            if s.batching is not None:
+                c, d = s.batching()
+                cap.add_metric(lv, c)
+                delay.add_metric(lv, d)
             for name, sh in sorted(s.stage_hist.items()):
                 stage.add_metric([*lv, name], _buckets(sh), sh.sum)
             if s.cache_enabled:
@@ -122,4 +132,4 @@ class Metrics(Collector):
                 h: HistogramData = getattr(s, attr)
                 families[name].add_metric(lv, _buckets(h), h.sum)
         yield from (success, failure, count, execs, pending, load, warmup, first, *families.values())
-        yield from (hits, misses, cache_errors, *cache_hist.values(), stage)
+        yield from (hits, misses, cache_errors, *cache_hist.values(), stage, cap, delay)

@@ -28,6 +28,7 @@ from milliserve.errors import (
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
 from milliserve.repository.autocomplete import complete_config
+from milliserve.runtime.adaptive import AdaptiveBatching
 from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
 from milliserve.runtime.deadline import LatencyEstimator
 from milliserve.runtime.executor import Executor, InstanceWorker
@@ -136,6 +137,18 @@ class ModelRuntime:
         self.estimator = LatencyEstimator()
         self._instances = len(backends)
         self._budget_s = config.budget.p99_ms / 1000 if config.budget is not None else None
+        db = config.dynamic_batching
+        self.adaptive = (
+            AdaptiveBatching(self.batcher, self.policy, db.target_p99_ms / 1000)
+            if db is not None and db.target_p99_ms
+            else None
+        )
+        if self.adaptive is not None:
+            tuned = self.adaptive
+            self.stats.batching = lambda: (
+                tuned.batcher.policy.max_batch_size,
+                tuned.batcher.policy.max_queue_delay_s,
+            )
 
     # ---- loading ----
     @classmethod
@@ -340,6 +353,8 @@ class ModelRuntime:
         outputs = await self.batcher.execute(item, timeout_s)
         stages["queue"] = item.dispatched - item.enqueued
         stages["infer"] = time.perf_counter() - item.dispatched
+        if self.adaptive is not None:
+            self.adaptive.observe(stages["queue"] + stages["infer"])
         wanted = [o.name for o in request.outputs] if request.outputs else self._output_names
         specs = self.io.outputs
         return [InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted]

@@ -101,6 +101,8 @@ class ModelStats:
     cache_errors: Callable[[], dict[str, int]] = dict
     # per-stage durations of successful requests (parse, cache, queue, infer, serialize, ...)
     stage_hist: dict[str, HistogramData] = field(default_factory=dict)
+    # budget-driven batching: the current (batch cap, queue delay in s), when it is on
+    batching: Callable[[], tuple[int, float]] | None = None
     load_s: float = 0.0
     warmup_s: float = 0.0
     first_request_s: float | None = None

@@ -1,0 +1,77 @@
+"""Budget-driven batching: ``dynamic_batching { target_p99_ms }`` lets the batcher tune its
+queue delay and batch cap online, for the most throughput whose measured queue + compute
+p99 stays under the target.
+
+An AIMD controller, every ``interval_s`` once enough requests were seen: above the
+target it halves the delay and cuts the cap by 30%; well under it (< 70%) it adds a
+small step of delay (up to a quarter of the target) and grows the cap by a quarter (up
+to ``max_batch_size``). In between it holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+
+from milliserve.runtime.batcher import Batcher, BatchPolicy
+
+__all__ = ["AdaptiveBatching"]
+
+
+class AdaptiveBatching:
+    def __init__(
+        self,
+        batcher: Batcher,
+        base: BatchPolicy,
+        target_s: float,
+        interval_s: float = 0.25,
+        min_samples: int = 20,
+    ) -> None:
+        self.batcher = batcher
+        self.base = base
+        self.target_s = target_s
+        self.interval_s = interval_s
+        self.min_samples = min_samples
+        self.cap = base.max_batch_size
+        self.delay_s = base.max_queue_delay_s or target_s * 0.05
+        self.step_s = max(50e-6, target_s * 0.02)
+        self.samples: deque[float] = deque(maxlen=2000)
+        self.last = time.perf_counter()
+        self.adjustments = 0
+        self._apply()
+
+    def observe(self, seconds: float) -> None:
+        """One request's queue + compute time."""
+        self.samples.append(seconds)
+        now = time.perf_counter()
+        if now - self.last >= self.interval_s and len(self.samples) >= self.min_samples:
+            self.last = now
+            self._adjust()
+
+    def p99(self) -> float:
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+
+    def _adjust(self) -> None:
+        p99 = self.p99()
+        if p99 > self.target_s:
+            self.cap = max(1, int(self.cap * 0.7))
+            self.delay_s *= 0.5
+        elif p99 < 0.7 * self.target_s:
+            self.cap = min(self.base.max_batch_size, self.cap + max(1, self.cap // 4))
+            self.delay_s = min(self.delay_s + self.step_s, 0.25 * self.target_s)
+        else:
+            return
+        self.samples.clear()  # judge the new setting on its own requests
+        self.adjustments += 1
+        self._apply()
+
+    def _apply(self) -> None:
+        preferred = tuple(p for p in self.base.preferred_batch_sizes if p <= self.cap)
+        self.batcher.policy = dataclasses.replace(
+            self.base,
+            max_batch_size=self.cap,
+            max_queue_delay_s=self.delay_s,
+            preferred_batch_sizes=preferred,
+        )

@@ -1,0 +1,51 @@
+"""Budget-driven batching: the controller moves the batch cap and queue delay to keep
+queue + compute p99 under the target."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from milliserve.config.model_config import DynamicBatching
+from milliserve.runtime.adaptive import AdaptiveBatching
+from milliserve.runtime.batcher import BatchPolicy
+
+
+def _controller(**kw: Any) -> tuple[AdaptiveBatching, Any]:
+    base = BatchPolicy(
+        "m", merge=True, max_batch_size=32, preferred_batch_sizes=(8, 32), max_queue_delay_s=0.001
+    )
+    batcher = SimpleNamespace(policy=base)
+    return AdaptiveBatching(batcher, base, target_s=0.020, interval_s=0.0, **kw), batcher  # type: ignore[arg-type]
+
+
+def test_over_target_shrinks_cap_and_delay_then_recovers_under_it() -> None:
+    ctl, batcher = _controller()
+    for _ in range(20):
+        ctl.observe(0.030)  # p99 30 ms > 20 ms target
+    assert batcher.policy.max_batch_size == 22 and batcher.policy.max_queue_delay_s == 0.0005
+    assert batcher.policy.preferred_batch_sizes == (8,)  # 32 no longer fits under the cap
+    for _ in range(20):
+        ctl.observe(0.030)
+    assert batcher.policy.max_batch_size == 15
+    for _ in range(400):
+        ctl.observe(0.005)  # well under: grow again, step by step, never past the limits
+    assert batcher.policy.max_batch_size == 32
+    assert batcher.policy.max_queue_delay_s == 0.005  # a quarter of the target at most
+    assert ctl.adjustments >= 3
+
+
+def test_holds_in_the_comfort_band_and_waits_for_enough_samples() -> None:
+    ctl, batcher = _controller()
+    for _ in range(19):
+        ctl.observe(0.100)
+    assert batcher.policy.max_batch_size == 32  # 19 samples: not enough to judge
+    ctl.samples.clear()
+    for _ in range(40):
+        ctl.observe(0.016)  # 80% of the target: hold
+    assert batcher.policy.max_batch_size == 32 and ctl.adjustments == 0
+
+
+def test_config_field() -> None:
+    assert DynamicBatching(target_p99_ms=20).target_p99_ms == 20
+    assert DynamicBatching(target_p99_ms=0).target_p99_ms is None  # protobuf's unset default
