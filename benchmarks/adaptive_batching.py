@@ -1,6 +1,6 @@
 """Budget-driven batching against fixed queue delays, on the example MiniLM model.
 
-    python benchmarks/adaptive_batching.py [--rates 50,200,350] [--seconds 6]
+    python benchmarks/adaptive_batching.py [--rates 50,150,250,350] [--seconds 6]
 
 Three copies of MiniLM in one server: `dynamic_batching { target_p99_ms: 20 }` (adaptive),
 a small fixed `max_queue_delay` (100 µs) and a large one (20 ms). `milliserve bench`
@@ -75,7 +75,7 @@ def bench(url: str, model: str, rate: float, seconds: float, out: Path) -> dict[
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rates", default="50,200,350")
+    ap.add_argument("--rates", default="50,150,250,350")
     ap.add_argument("--seconds", type=float, default=6.0)
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]

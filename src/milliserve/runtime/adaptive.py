@@ -2,10 +2,16 @@
 queue delay and batch cap online, for the most throughput whose measured queue + compute
 p99 stays under the target.
 
-An AIMD controller, every ``interval_s`` once enough requests were seen: above the
-target it halves the delay and cuts the cap by 30%; well under it (< 70%) it adds a
-small step of delay (up to a quarter of the target) and grows the cap by a quarter (up
-to ``max_batch_size``). In between it holds.
+A controller, every ``interval_s`` once enough requests were seen:
+
+- over the target, it halves the queue delay, and then looks at where the time goes.
+  When one batch's compute alone takes more than half the target, batches are too
+  big: the cap shrinks by 30%. Otherwise the time is queueing, the server is short of
+  throughput, and the cap grows (doubling, up to ``max_batch_size``): shrinking it
+  there would cut throughput and let the queue run away.
+- well under the target (< 70%), it adds a small step of delay (up to a quarter of the
+  target) and grows the cap by a quarter, for more throughput per batch.
+- in between it holds.
 """
 
 from __future__ import annotations
@@ -37,33 +43,43 @@ class AdaptiveBatching:
         self.delay_s = base.max_queue_delay_s or target_s * 0.05
         self.step_s = max(50e-6, target_s * 0.02)
         self.samples: deque[float] = deque(maxlen=2000)
+        self.compute: deque[float] = deque(maxlen=2000)
         self.last = time.perf_counter()
         self.adjustments = 0
         self._apply()
 
-    def observe(self, seconds: float) -> None:
-        """One request's queue + compute time."""
-        self.samples.append(seconds)
+    def observe(self, queue_s: float, compute_s: float) -> None:
+        """One request's time in the queue and from dispatch to its result."""
+        self.samples.append(queue_s + compute_s)
+        self.compute.append(compute_s)
         now = time.perf_counter()
         if now - self.last >= self.interval_s and len(self.samples) >= self.min_samples:
             self.last = now
             self._adjust()
 
-    def p99(self) -> float:
-        ordered = sorted(self.samples)
+    @staticmethod
+    def _p99(values: deque[float]) -> float:
+        ordered = sorted(values)
         return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+
+    def p99(self) -> float:
+        return self._p99(self.samples)
 
     def _adjust(self) -> None:
         p99 = self.p99()
         if p99 > self.target_s:
-            self.cap = max(1, int(self.cap * 0.7))
             self.delay_s *= 0.5
+            if self._p99(self.compute) > 0.5 * self.target_s:
+                self.cap = max(1, int(self.cap * 0.7))  # one batch alone eats the budget
+            else:
+                self.cap = min(self.base.max_batch_size, self.cap * 2)  # queueing: more throughput
         elif p99 < 0.7 * self.target_s:
             self.cap = min(self.base.max_batch_size, self.cap + max(1, self.cap // 4))
             self.delay_s = min(self.delay_s + self.step_s, 0.25 * self.target_s)
         else:
             return
         self.samples.clear()  # judge the new setting on its own requests
+        self.compute.clear()
         self.adjustments += 1
         self._apply()
 

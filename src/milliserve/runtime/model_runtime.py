@@ -354,7 +354,7 @@ class ModelRuntime:
         stages["queue"] = item.dispatched - item.enqueued
         stages["infer"] = time.perf_counter() - item.dispatched
         if self.adaptive is not None:
-            self.adaptive.observe(stages["queue"] + stages["infer"])
+            self.adaptive.observe(stages["queue"], stages["infer"])
         wanted = [o.name for o in request.outputs] if request.outputs else self._output_names
         specs = self.io.outputs
         return [InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted]

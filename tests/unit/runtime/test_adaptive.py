@@ -19,17 +19,17 @@ def _controller(**kw: Any) -> tuple[AdaptiveBatching, Any]:
     return AdaptiveBatching(batcher, base, target_s=0.020, interval_s=0.0, **kw), batcher  # type: ignore[arg-type]
 
 
-def test_over_target_shrinks_cap_and_delay_then_recovers_under_it() -> None:
+def test_slow_batches_shrink_the_cap_then_it_recovers_under_the_target() -> None:
     ctl, batcher = _controller()
     for _ in range(20):
-        ctl.observe(0.030)  # p99 30 ms > 20 ms target
+        ctl.observe(0.0, 0.030)  # compute alone 30 ms > 20 ms target: batches too big
     assert batcher.policy.max_batch_size == 22 and batcher.policy.max_queue_delay_s == 0.0005
     assert batcher.policy.preferred_batch_sizes == (8,)  # 32 no longer fits under the cap
     for _ in range(20):
-        ctl.observe(0.030)
+        ctl.observe(0.0, 0.030)
     assert batcher.policy.max_batch_size == 15
     for _ in range(400):
-        ctl.observe(0.005)  # well under: grow again, step by step, never past the limits
+        ctl.observe(0.001, 0.004)  # well under: grow again, step by step, never past the limits
     assert batcher.policy.max_batch_size == 32
     assert batcher.policy.max_queue_delay_s == 0.005  # a quarter of the target at most
     assert ctl.adjustments >= 3
@@ -38,14 +38,26 @@ def test_over_target_shrinks_cap_and_delay_then_recovers_under_it() -> None:
 def test_holds_in_the_comfort_band_and_waits_for_enough_samples() -> None:
     ctl, batcher = _controller()
     for _ in range(19):
-        ctl.observe(0.100)
+        ctl.observe(0.050, 0.050)
     assert batcher.policy.max_batch_size == 32  # 19 samples: not enough to judge
     ctl.samples.clear()
     for _ in range(40):
-        ctl.observe(0.016)  # 80% of the target: hold
+        ctl.observe(0.006, 0.010)  # 80% of the target: hold
     assert batcher.policy.max_batch_size == 32 and ctl.adjustments == 0
 
 
 def test_config_field() -> None:
     assert DynamicBatching(target_p99_ms=20).target_p99_ms == 20
     assert DynamicBatching(target_p99_ms=0).target_p99_ms is None  # protobuf's unset default
+
+
+def test_queueing_over_the_target_grows_the_cap_for_throughput() -> None:
+    ctl, batcher = _controller()
+    ctl.cap = 4
+    ctl._apply()
+    for _ in range(20):
+        ctl.observe(0.040, 0.005)  # the time is queueing, compute is cheap: batch more
+    assert batcher.policy.max_batch_size == 8
+    for _ in range(40):
+        ctl.observe(0.040, 0.005)
+    assert batcher.policy.max_batch_size == 32  # doubling, up to max_batch_size
