@@ -5,10 +5,12 @@ p99 stays under the target.
 A controller, every ``interval_s`` once enough requests were seen:
 
 - over the target, it halves the queue delay, and then looks at where the time goes.
-  When one batch's compute alone takes more than half the target, batches are too
-  big: the cap shrinks by 30%. Otherwise the time is queueing, the server is short of
-  throughput, and the cap grows (doubling, up to ``max_batch_size``): shrinking it
-  there would cut throughput and let the queue run away.
+  When requests wait longer in the queue than they compute, the server is short of
+  throughput and the cap grows (doubling, up to ``max_batch_size``): shrinking it
+  there would cut throughput and let the queue run away, so when the target cannot
+  be met at this load the controller keeps throughput rather than collapse. When the
+  queue is short and one batch's compute alone takes more than half the target,
+  batches are too big: the cap shrinks by 30%.
 - well under the target (< 70%), it adds a small step of delay (up to a quarter of the
   target) and grows the cap by a quarter, for more throughput per batch.
 - in between it holds.
@@ -44,6 +46,7 @@ class AdaptiveBatching:
         self.step_s = max(50e-6, target_s * 0.02)
         self.samples: deque[float] = deque(maxlen=2000)
         self.compute: deque[float] = deque(maxlen=2000)
+        self.queue: deque[float] = deque(maxlen=2000)
         self.last = time.perf_counter()
         self.adjustments = 0
         self._apply()
@@ -52,6 +55,7 @@ class AdaptiveBatching:
         """One request's time in the queue and from dispatch to its result."""
         self.samples.append(queue_s + compute_s)
         self.compute.append(compute_s)
+        self.queue.append(queue_s)
         now = time.perf_counter()
         if now - self.last >= self.interval_s and len(self.samples) >= self.min_samples:
             self.last = now
@@ -69,10 +73,11 @@ class AdaptiveBatching:
         p99 = self.p99()
         if p99 > self.target_s:
             self.delay_s *= 0.5
-            if self._p99(self.compute) > 0.5 * self.target_s:
-                self.cap = max(1, int(self.cap * 0.7))  # one batch alone eats the budget
-            else:
+            queue, compute = self._p99(self.queue), self._p99(self.compute)
+            if queue > compute:
                 self.cap = min(self.base.max_batch_size, self.cap * 2)  # queueing: more throughput
+            elif compute > 0.5 * self.target_s:
+                self.cap = max(1, int(self.cap * 0.7))  # one batch alone eats the budget
         elif p99 < 0.7 * self.target_s:
             self.cap = min(self.base.max_batch_size, self.cap + max(1, self.cap // 4))
             self.delay_s = min(self.delay_s + self.step_s, 0.25 * self.target_s)
@@ -80,6 +85,7 @@ class AdaptiveBatching:
             return
         self.samples.clear()  # judge the new setting on its own requests
         self.compute.clear()
+        self.queue.clear()
         self.adjustments += 1
         self._apply()
 
