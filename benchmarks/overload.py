@@ -95,12 +95,19 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for i, (label, lv) in enumerate(rows):
-        refused = ", ".join(f"{k}: {v}" for k, v in sorted(lv["errors"].items())) or "none"
+        by_status: dict[str, int] = {}
+        for key, n in lv["errors"].items():  # "http 429: {message}" -> "http 429"
+            status = key.split(":", 1)[0]
+            by_status[status] = by_status.get(status, 0) + n
+        refused = ", ".join(f"{k}: {v}" for k, v in sorted(by_status.items())) or "none"
         lat = lv["latency_us"]
         lines.append(
             f"| {label} | {i // 2 + 1} | {rate:.0f} | {lv['throughput']:.0f} "
             f"| {lat.get('p50', 0) / 1e3:.1f} | {lat.get('p99', 0) / 1e3:.1f} | {refused} |"
         )
+    example = next((k for _, lv in rows for k in lv["errors"] if k.startswith("http 429")), None)
+    if example:
+        lines += ["", f"A refusal reads: `{example.split(': ', 1)[1]}`"]
     write_section("overload", "\n".join(lines))
     print("\n".join(lines))
 

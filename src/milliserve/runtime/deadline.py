@@ -35,10 +35,11 @@ class LatencyEstimator:
         return self.by_batch[nearest] * scale
 
     def queue_s(self, queued_items: int, free_instances: int, instances: int, max_batch: int) -> float:
-        """Expected wait for an instance: nothing when one is free and nobody is queued;
-        otherwise half a running batch plus the full batches queued ahead, per instance."""
+        """Expected wait for an instance, on the pessimistic side (admission protects a p99):
+        nothing when one is free and nobody is queued; otherwise a whole running batch plus
+        the full batches queued ahead, per instance."""
         if free_instances and not queued_items:
             return 0.0
         per_batch = self.compute_s(max(1, min(max_batch, queued_items + 1))) or 0.0
         waves = math.floor(queued_items / max(1, max_batch)) / max(1, instances)
-        return (0.0 if free_instances else 0.5 * per_batch) + waves * per_batch
+        return (0.0 if free_instances else per_batch) + waves * per_batch

@@ -317,11 +317,13 @@ class ModelRuntime:
 
     def _admit(self, deadline: float, batch_size: int) -> None:
         """Refuse at once a request that cannot finish in time (HTTP 429, gRPC DEADLINE_EXCEEDED)."""
-        compute = self.estimator.compute_s(batch_size)
+        b = self.batcher
+        batch_cap = max(1, b.policy.max_batch_size)
+        # under load the request rides in a batch with those queued with it, not alone
+        joined = min(batch_cap, b.queued % batch_cap + batch_size) if b.queued else batch_size
+        compute = self.estimator.compute_s(joined)
         if compute is None:
             return  # nothing known yet: admit
-        b = self.batcher
-        batch_cap = max(1, self.config.max_batch_size)
         queue = self.estimator.queue_s(b.queued, b.free_instances, self._instances, batch_cap)
         left = deadline - time.perf_counter()
         if queue + compute > left:

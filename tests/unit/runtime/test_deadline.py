@@ -24,7 +24,7 @@ def test_queue_estimate() -> None:
     est = LatencyEstimator()
     est.observe(4, 0.010)
     assert est.queue_s(queued_items=0, free_instances=1, instances=1, max_batch=4) == 0.0
-    assert est.queue_s(queued_items=0, free_instances=0, instances=1, max_batch=4) == pytest.approx(0.005)
-    # 8 queued = two full batches ahead, plus half of the running one
-    assert est.queue_s(queued_items=8, free_instances=0, instances=1, max_batch=4) == pytest.approx(0.025)
-    assert est.queue_s(queued_items=8, free_instances=0, instances=2, max_batch=4) == pytest.approx(0.015)
+    assert est.queue_s(queued_items=0, free_instances=0, instances=1, max_batch=4) == pytest.approx(0.010)
+    # 8 queued = two full batches ahead, plus the running one
+    assert est.queue_s(queued_items=8, free_instances=0, instances=1, max_batch=4) == pytest.approx(0.030)
+    assert est.queue_s(queued_items=8, free_instances=0, instances=2, max_batch=4) == pytest.approx(0.020)
