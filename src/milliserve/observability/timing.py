@@ -9,8 +9,22 @@ __all__ = ["STAGES", "server_timing"]
 STAGES = ("parse", "cache", "features", "queue", "infer", "postprocess", "serialize")
 
 
+# the stages of a plain inference, in the order the runtime and front-ends record them:
+# one formatting operation instead of one per stage (this runs on every request)
+_PLAIN = ("parse", "queue", "infer", "serialize")
+_PLAIN_TEMPLATE = "parse;dur=%.3f, queue;dur=%.3f, infer;dur=%.3f, serialize;dur=%.3f, total;dur=%.3f"
+
+
 def server_timing(stages: dict[str, float], total_s: float) -> str:
     """The header value: known stages in request order, then any others, then the total."""
+    if len(stages) == 4 and tuple(stages) == _PLAIN:
+        return _PLAIN_TEMPLATE % (
+            stages["parse"] * 1e3,
+            stages["queue"] * 1e3,
+            stages["infer"] * 1e3,
+            stages["serialize"] * 1e3,
+            total_s * 1e3,
+        )
     parts = [f"{k};dur={stages[k] * 1e3:.3f}" for k in STAGES if k in stages]
     parts += [f"{k};dur={v * 1e3:.3f}" for k, v in stages.items() if k not in STAGES]
     parts.append(f"total;dur={total_s * 1e3:.3f}")
