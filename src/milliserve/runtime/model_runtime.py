@@ -137,6 +137,9 @@ class ModelRuntime:
         self.estimator = LatencyEstimator()
         self._instances = len(backends)
         self._budget_s = config.budget.p99_ms / 1000 if config.budget is not None else None
+        # deadline bookkeeping (estimates, late checks) starts with the first request that
+        # has a deadline: requests without one pay nothing for it
+        self._deadlines = self._budget_s is not None
         db = config.dynamic_batching
         self.adaptive = (
             AdaptiveBatching(self.batcher, self.policy, db.target_p99_ms / 1000)
@@ -268,6 +271,7 @@ class ModelRuntime:
             batch_size, signature = validate_request(request, self.io)
             deadline = self._deadline(request, t0 / 1e9)
             if deadline is not None:
+                self._deadlines = True
                 self._admit(deadline, batch_size)
             t1 = time.perf_counter_ns()
             stages["parse"] = (t1 - t0) / 1e9  # validation; the front-end adds its decoding
@@ -301,8 +305,12 @@ class ModelRuntime:
     def _deadline(self, request: InferRequest, start: float) -> float | None:
         """The earliest of the request's deadline (header or gRPC), its OIP ``timeout``
         (µs), and, when it gives neither, the budget's p99."""
+        timeout = request.parameters.get("timeout") if request.parameters else None
+        if timeout is None:  # the common case, kept cheap: it runs on every request
+            if request.deadline is not None:
+                return request.deadline
+            return start + self._budget_s if self._budget_s is not None else None
         found = [request.deadline] if request.deadline is not None else []
-        timeout = request.parameters.get("timeout")
         # with timeout_action DELAY a late request is still served, so its timeout is no deadline
         if (
             isinstance(timeout, int | float)
@@ -385,7 +393,11 @@ class ModelRuntime:
 
     async def _run_batch(self, batch: list[QueuedRequest], index: int) -> None:
         started = time.perf_counter()
-        late = [it for it in batch if it.deadline is not None and it.deadline <= started]
+        late = (
+            [it for it in batch if it.deadline is not None and it.deadline <= started]
+            if self._deadlines
+            else None
+        )
         if late:  # already lost: answer them now and spend no compute on them
             for it in late:
                 if not it.future.done():
@@ -425,7 +437,8 @@ class ModelRuntime:
                 if not it.future.done():
                     it.future.set_exception(err)
             return
-        self.estimator.observe(sum(it.batch_size for it in batch), time.perf_counter() - started)
+        if self._deadlines:
+            self.estimator.observe(sum(it.batch_size for it in batch), time.perf_counter() - started)
         queue_ns = [int((it.dispatched - it.enqueued) * 1e9) for it in batch]
         self.stats.record_batch(sum(it.batch_size for it in batch), queue_ns, in_ns, infer_ns, out_ns)
         for it, outs in zip(batch, per_item, strict=True):

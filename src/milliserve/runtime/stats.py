@@ -121,11 +121,14 @@ class ModelStats:
             self.failures[failure_reason] = self.failures.get(failure_reason, 0) + 1
 
     def record_stages(self, stages: dict[str, float]) -> None:
+        # on every request: observe() inlined, names looked up once
+        hists = self.stage_hist
         for name, seconds in stages.items():
-            h = self.stage_hist.get(name)
+            h = hists.get(name)
             if h is None:
-                h = self.stage_hist[name] = HistogramData(STAGE_BUCKETS)
-            h.observe(seconds)
+                h = hists[name] = HistogramData(STAGE_BUCKETS)
+            h.counts[bisect_left(STAGE_BUCKETS, seconds)] += 1
+            h.sum += seconds
 
     def record_cache(self, hit: bool, duration_ns: int) -> None:
         """A cache lookup's outcome; for a miss the duration covers the compute it waited for."""
