@@ -74,10 +74,10 @@ def test_two_replicas_share_answers_through_redis_and_survive_its_outage(
     write_add_sub(tmp_path, config=CACHED_REDIS)
     x = np.full((1, 4), 3.0, dtype=np.float32)
     with RedisServer() as redis_server:
-        env = {**os.environ, "MILLISERVE_REDIS__URL": redis_server.url, "MILLISERVE_REDIS__BACKOFF_S": "0.2"}
+        env = {**os.environ, "MILLISERVE_REDIS__BACKOFF_S": "0.2"}
         with (
-            ServerProcess(tmp_path, env=env) as a,
-            ServerProcess(tmp_path, env=env) as b,
+            ServerProcess(tmp_path, env={**env, "MILLISERVE_REDIS__URL": redis_server.url}) as a,
+            ServerProcess(tmp_path, "--redis-url", redis_server.url, env=env) as b,  # flag or env
             httpclient.InferenceServerClient(a.http_url) as ca,
             httpclient.InferenceServerClient(b.http_url) as cb,
         ):

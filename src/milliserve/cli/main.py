@@ -40,6 +40,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.max_request_bytes is not None:
         settings.http.max_request_bytes = args.max_request_bytes
         settings.grpc.max_message_bytes = args.max_request_bytes
+    if args.redis_url is not None:
+        settings.redis.url = args.redis_url
     configure_logging(settings.log_level)
     serve(settings)
     return 0
@@ -282,6 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--max-request-bytes", type=int, default=None, help="request body limit (default 32 MiB)")
     s.add_argument("--log-level", default=None)
+    s.add_argument(
+        "--redis-url",
+        default=None,
+        help="Redis for response caches with backend redis (default redis://127.0.0.1:6379/0)",
+    )
     s.set_defaults(func=_serve)
 
     e = sub.add_parser("examples", help="example model repository")
