@@ -120,6 +120,14 @@ def _shape(text: str) -> tuple[str, list[int]]:
         ) from None
 
 
+def _features_load(args: argparse.Namespace) -> int:
+    from milliserve.features.store import write_table_to_redis
+
+    n = write_table_to_redis(args.table, args.key, args.redis, args.prefix)
+    print(f"wrote {n} entities from {args.table} to {args.redis} as hashes {args.prefix}<{args.key}>")
+    return 0
+
+
 def _budget_report(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -380,6 +388,15 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--variant", action="append", help="build only these variants (repeatable)")
     o.add_argument("--output", type=Path, required=True, help="REPO/NAME to write the winner into")
     o.set_defaults(func=_optimize)
+
+    fe = sub.add_parser("features", help="online feature store")
+    fsub = fe.add_subparsers(dest="features_command", required=True)
+    fl = fsub.add_parser("load", help="materialise a feature table (CSV or Parquet) into Redis hashes")
+    fl.add_argument("table", type=Path)
+    fl.add_argument("--redis", required=True, help="redis://host:port/db")
+    fl.add_argument("--key", default="id", help="the entity id column (default id)")
+    fl.add_argument("--prefix", default="", help="hash key prefix, e.g. user: (default none)")
+    fl.set_defaults(func=_features_load)
 
     bg = sub.add_parser("budget", help="latency budgets")
     bsub = bg.add_subparsers(dest="budget_command", required=True)

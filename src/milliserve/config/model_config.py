@@ -151,6 +151,45 @@ class Budget(_Strict):
 BUDGET_STAGES = ("parse", "cache", "features", "queue", "infer", "postprocess", "serialize")
 
 
+class FeatureSource(_Strict):
+    """Where features come from: a table (CSV or Parquet, relative to the model directory)
+    keyed by ``key``, or Redis hashes ``<redis_prefix><id>``."""
+
+    table: str | None = None
+    key: str = "id"
+    redis_prefix: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> FeatureSource:
+        if (self.table is None) == (self.redis_prefix is None):
+            raise ValueError("features.source needs exactly one of table or redis_prefix")
+        return self
+
+
+class Features(_Strict):
+    """``features`` (config.yaml): fetch rows by entity id and build the input ``input``
+    (FP32 [batch, len(names)]) before the model runs."""
+
+    input: str
+    names: tuple[str, ...]
+    source: FeatureSource
+    defaults: dict[str, float] = {}
+    entity_parameter: str | None = None
+    entity_input: str | None = None
+    on_unavailable: Literal["defaults", "fail"] = "defaults"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Features:
+        if (self.entity_parameter is None) == (self.entity_input is None):
+            raise ValueError("features needs exactly one of entity_parameter or entity_input")
+        unknown = sorted(set(self.defaults) - set(self.names))
+        if unknown:
+            raise ValueError(f"features.defaults names {unknown}, which are not in features.names")
+        if not self.names:
+            raise ValueError("features.names is empty")
+        return self
+
+
 class InstanceGroup(_Strict):
     name: str = ""
     count: int = Field(1, ge=1)
@@ -232,6 +271,7 @@ class ModelConfig(_Strict):
     model_warmup: tuple[WarmupSpec, ...] = ()
     response_cache: ResponseCache | None = None
     budget: Budget | None = None
+    features: Features | None = None  # config.yaml only (not a Triton field)
 
     @field_validator("parameters", mode="before")
     @classmethod

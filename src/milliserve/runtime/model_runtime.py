@@ -25,6 +25,7 @@ from milliserve.errors import (
     RequestError,
     UnavailableError,
 )
+from milliserve.features.store import FeatureSet, RedisFeatures, TableFeatures
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
 from milliserve.repository.autocomplete import complete_config
@@ -58,6 +59,30 @@ def _failure_reason(exc: BaseException) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return "CANCELED"
     return "BACKEND"
+
+
+def _feature_set(cfg: ModelConfig, model_dir: Path, caches: CacheFactory) -> FeatureSet:
+    f = cfg.features
+    assert f is not None
+    if f.input not in {t.name for t in cfg.input}:
+        raise ConfigError(f"features.input {f.input!r} is not an input of the model")
+    names = list(f.names)
+    source: TableFeatures | RedisFeatures
+    if f.source.table is not None:
+        source = TableFeatures(model_dir / f.source.table, f.source.key, names)
+    else:
+        source = RedisFeatures(
+            caches.redis_url, f.source.redis_prefix or "", names, caches.timeout_s, caches.backoff_s
+        )
+    return FeatureSet(
+        input=f.input,
+        names=names,
+        defaults=[f.defaults.get(n, 0.0) for n in names],
+        source=source,
+        entity_parameter=f.entity_parameter,
+        entity_input=f.entity_input,
+        on_unavailable=f.on_unavailable,
+    )
 
 
 def _policy(cfg: ModelConfig, label: str) -> BatchPolicy:
@@ -134,6 +159,7 @@ class ModelRuntime:
         self.colocated = False  # whether its workers share the event loop's CPU (set by load)
         self.stats = ModelStats(config.name, version, pending=self.batcher.pending)
         self.cache: ResponseCache | None = None  # set by load() when response_cache is enabled
+        self.features: FeatureSet | None = None  # set by load() when the config declares features
         self.estimator = LatencyEstimator()
         self._instances = len(backends)
         self._budget_s = config.budget.p99_ms / 1000 if config.budget is not None else None
@@ -189,6 +215,8 @@ class ModelRuntime:
         t1 = time.perf_counter()
         feeds = await runtime._warmup()
         runtime.stats.record_load(load_s, time.perf_counter() - t1)
+        if final.features is not None:
+            runtime.features = _feature_set(final, version_dir.parent, caches or CacheFactory())
         rc = final.response_cache
         if rc is not None and rc.enable:
             runtime.cache = (caches or CacheFactory()).make(rc.enable, rc.backend, rc.ttl_s, rc.max_bytes)
@@ -257,6 +285,9 @@ class ModelRuntime:
     async def close(self) -> None:
         """Finish queued and running requests, then release the instances."""
         await self.batcher.close(drain=True)
+        close = getattr(self.features.source, "close", None) if self.features is not None else None
+        if close is not None:
+            await close()
         for w in self._workers:
             w.close()
         for b in self._backends:
@@ -267,7 +298,10 @@ class ModelRuntime:
         """Validate, queue and answer one request."""
         t0 = time.perf_counter_ns()
         stages: dict[str, float] = {}
+        notes: dict[str, Any] = {}
         try:
+            if self.features is not None:
+                notes = await self._fetch_features(request, stages)
             batch_size, signature = validate_request(request, self.io)
             deadline = self._deadline(request, t0 / 1e9)
             if deadline is not None:
@@ -296,11 +330,22 @@ class ModelRuntime:
             model_version=self.version,
             id=request.id,
             outputs=outputs,
+            parameters=notes,
             timings=stages,
             record_stages=self.stats.record_stages,
         )
         self.stats.record_request(time.perf_counter_ns() - t0, None)
         return response
+
+    async def _fetch_features(self, request: InferRequest, stages: dict[str, float]) -> dict[str, Any]:
+        """Replace the entity ids by the model's feature input; returns notes for the response."""
+        assert self.features is not None
+        t = time.perf_counter()
+        ids, inputs = self.features.entity_ids(request.inputs, request.parameters)
+        tensor, notes = await self.features.assemble(ids)
+        request.inputs = [*inputs, InferTensor(self.features.input, "FP32", tensor.shape, tensor)]
+        stages["features"] = time.perf_counter() - t
+        return notes
 
     def _deadline(self, request: InferRequest, start: float) -> float | None:
         """The earliest of the request's deadline (header or gRPC), its OIP ``timeout``

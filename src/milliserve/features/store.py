@@ -1,0 +1,215 @@
+"""Online features: a model declares the features it needs, the request brings entity
+ids, and the server fetches the rows and assembles the model's input tensor.
+
+Sources: an in-process table loaded from CSV (or Parquet, with pyarrow installed), the
+embedded default, or Redis hashes keyed ``<prefix><entity id>`` (one field per feature),
+fetched for a whole batch in one pipeline. A missing entity gets the declared defaults;
+a Redis that is down or slow gives the defaults too (and the response says so) or fails
+the request, as the config chooses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from milliserve.errors import ConfigError, UnavailableError
+
+__all__ = [
+    "FeatureLookup",
+    "FeatureSet",
+    "RedisFeatures",
+    "TableFeatures",
+    "load_table",
+    "write_table_to_redis",
+]
+
+log = logging.getLogger(__name__)
+
+
+def load_table(path: Path, key: str) -> tuple[list[str], dict[str, list[str]]]:
+    """Rows of a CSV or Parquet file by ``key``: (column names, {id: [values...]})."""
+    if not path.is_file():
+        raise ConfigError(f"feature table {path}: no such file")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError(
+                f"{path}: reading Parquet needs pyarrow (pip install pyarrow); or use CSV"
+            ) from None
+        table = pq.read_table(path).to_pydict()
+        columns = list(table)
+        rows = [[str(table[c][i]) for c in columns] for i in range(len(table[columns[0]]) if columns else 0)]
+    else:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            columns = next(reader, [])
+            rows = list(reader)
+    if key not in columns:
+        raise ConfigError(f"feature table {path}: no key column {key!r} (columns: {columns})")
+    k = columns.index(key)
+    return columns, {r[k]: r for r in rows}
+
+
+class FeatureLookup(Protocol):
+    async def fetch(self, ids: list[str]) -> tuple[list[list[float] | None], bool]:
+        """Feature rows per id (None when the entity is unknown) and whether the source was
+        unavailable (all rows None then)."""
+        ...
+
+
+class TableFeatures:
+    """The embedded default: the whole table in memory, as float32 rows."""
+
+    def __init__(self, path: Path, key: str, names: list[str]) -> None:
+        columns, rows = load_table(path, key)
+        missing = [n for n in names if n not in columns]
+        if missing:
+            raise ConfigError(f"feature table {path}: no columns {missing} (columns: {columns})")
+        idx = [columns.index(n) for n in names]
+        self.rows: dict[str, list[float]] = {}
+        for entity, row in rows.items():
+            try:
+                self.rows[entity] = [float(row[i]) for i in idx]
+            except ValueError:
+                raise ConfigError(
+                    f"feature table {path}: entity {entity!r} has a non-numeric feature"
+                ) from None
+
+    async def fetch(self, ids: list[str]) -> tuple[list[list[float] | None], bool]:
+        return [self.rows.get(i) for i in ids], False
+
+
+class RedisFeatures:
+    """Redis hashes ``<prefix><id>``, one HMGET per entity, pipelined for the batch; every
+    call is bounded by ``timeout_s`` and a failure leaves Redis alone for ``backoff_s``."""
+
+    def __init__(
+        self, url: str, prefix: str, names: list[str], timeout_s: float, backoff_s: float = 1.0
+    ) -> None:
+        import redis.asyncio as aredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        self.prefix, self.names, self.timeout_s, self.backoff_s = prefix, names, timeout_s, backoff_s
+        self._client = aredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=max(timeout_s, 0.05),
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
+        )
+        self._skip_until = 0.0
+        self._last_log = -1e9
+        self.errors = 0
+
+    async def fetch(self, ids: list[str]) -> tuple[list[list[float] | None], bool]:
+        if time.monotonic() < self._skip_until:
+            return [None] * len(ids), True
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for i in ids:
+                pipe.hmget(self.prefix + i, self.names)
+            replies = await asyncio.wait_for(pipe.execute(), self.timeout_s)
+        except Exception as exc:  # down, slow, broken: the caller decides (defaults or fail)
+            self.errors += 1
+            self._skip_until = time.monotonic() + self.backoff_s
+            now = time.monotonic()
+            if now - self._last_log > 10:
+                self._last_log = now
+                log.warning("feature store (redis) unavailable: %s (%d errors so far)", exc, self.errors)
+            return [None] * len(ids), True
+        rows: list[list[float] | None] = []
+        for values in replies:
+            if all(v is None for v in values):
+                rows.append(None)
+            else:
+                rows.append([float(v) if v is not None else float("nan") for v in values])
+        return rows, False
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass
+class FeatureSet:
+    """A model's features: where the ids come from, what to fetch, and the tensor to build."""
+
+    input: str  # the model input this assembles, FP32 [batch, len(names)]
+    names: list[str]
+    defaults: list[float]
+    source: FeatureLookup
+    entity_parameter: str | None = None  # an OIP request parameter (batch 1) ...
+    entity_input: str | None = None  # ... or a BYTES input [batch] / [batch, 1] of ids
+    on_unavailable: str = "defaults"  # or "fail"
+
+    def entity_ids(self, inputs: list[Any], parameters: dict[str, Any]) -> tuple[list[str], list[Any]]:
+        """The entity ids of a request, and its inputs without the ids input."""
+        if self.entity_input is not None:
+            found = next((t for t in inputs if t.name == self.entity_input), None)
+            if found is None:
+                raise _missing(f"input {self.entity_input!r} with the entity ids")
+            ids = [v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(found.data).reshape(-1)]
+            return ids, [t for t in inputs if t.name != self.entity_input]
+        value = parameters.get(self.entity_parameter or "")
+        if value is None or isinstance(value, bool):
+            raise _missing(f"parameter {self.entity_parameter!r} with the entity id")
+        return [str(value)], inputs
+
+    async def assemble(self, ids: list[str]) -> tuple[np.ndarray[Any, Any], dict[str, Any]]:
+        """The [batch, n] tensor, defaults filled in, and what to tell the client about it."""
+        rows, unavailable = await self.source.fetch(ids)
+        if unavailable and self.on_unavailable == "fail":
+            raise UnavailableError(
+                "the feature store is unavailable and this model's features have no fallback"
+            )
+        out = np.empty((len(ids), len(self.names)), dtype=np.float32)
+        missing = 0
+        for i, row in enumerate(rows):
+            if row is None:
+                out[i] = self.defaults
+                missing += 1
+            else:
+                values = np.asarray(row, dtype=np.float32)
+                nan = np.isnan(values)
+                out[i] = np.where(nan, np.asarray(self.defaults, dtype=np.float32), values)
+        notes: dict[str, Any] = {}
+        if unavailable:
+            notes["features_defaulted"] = "feature store unavailable"
+        elif missing:
+            notes["features_defaulted"] = f"{missing} unknown entit{'y' if missing == 1 else 'ies'}"
+        return out, notes
+
+
+def _missing(what: str) -> Exception:
+    from milliserve.errors import InvalidInputError
+
+    return InvalidInputError(f"this model fetches features by entity id: the request needs the {what}")
+
+
+def write_table_to_redis(path: Path, key: str, url: str, prefix: str, batch: int = 1000) -> int:
+    """``milliserve features load``: HSET every row of the table as ``<prefix><id>``."""
+    import redis
+
+    columns, rows = load_table(path, key)
+    fields = [c for c in columns if c != key]
+    client = redis.Redis.from_url(url)
+    written = 0
+    pipe = client.pipeline(transaction=False)
+    for entity, row in rows.items():
+        pipe.hset(prefix + entity, mapping={c: row[columns.index(c)] for c in fields})
+        written += 1
+        if written % batch == 0:
+            pipe.execute()
+    pipe.execute()
+    client.close()
+    return written
