@@ -28,6 +28,7 @@ import numpy as np
 
 from milliserve.protocol.raw import array_from_raw, array_to_raw
 from milliserve.protocol.types import InferRequest, InferTensor
+from milliserve.redis_client import redis_client
 
 __all__ = [
     "CacheFactory",
@@ -155,23 +156,11 @@ class RedisBackend:
     def __init__(
         self, url: str, timeout_s: float = 0.005, backoff_s: float = 1.0, prefix: str = "ms:rc:"
     ) -> None:
-        import redis.asyncio as aredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-        from redis.exceptions import ConnectionError as RedisConnectionError
-
         self.url = url
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self.prefix = prefix
-        self._client = aredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=max(timeout_s, 0.05),
-            # a connection broken by a Redis restart is redialled once, at once, inside the same call
-            retry=Retry(NoBackoff(), 1),
-            retry_on_error=[RedisConnectionError],
-        )
+        self._client = redis_client(url, timeout_s)
         self._skip_until = 0.0
 
     @property

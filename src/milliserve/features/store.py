@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from milliserve.errors import ConfigError, UnavailableError
+from milliserve.redis_client import redis_client
 
 __all__ = [
     "FeatureLookup",
@@ -95,19 +96,8 @@ class RedisFeatures:
     def __init__(
         self, url: str, prefix: str, names: list[str], timeout_s: float, backoff_s: float = 1.0
     ) -> None:
-        import redis.asyncio as aredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-        from redis.exceptions import ConnectionError as RedisConnectionError
-
         self.prefix, self.names, self.timeout_s, self.backoff_s = prefix, names, timeout_s, backoff_s
-        self._client = aredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=max(timeout_s, 0.05),
-            retry=Retry(NoBackoff(), 1),
-            retry_on_error=[RedisConnectionError],
-        )
+        self._client = redis_client(url, timeout_s)
         self._skip_until = 0.0
         self._last_log = -1e9
         self.errors = 0
