@@ -148,7 +148,7 @@ class Budget(_Strict):
         return self
 
 
-BUDGET_STAGES = ("parse", "cache", "features", "queue", "infer", "postprocess", "serialize")
+BUDGET_STAGES = ("parse", "cache", "features", "preprocess", "queue", "infer", "postprocess", "serialize")
 
 
 class FeatureSource(_Strict):
@@ -188,6 +188,16 @@ class Features(_Strict):
         if not self.names:
             raise ValueError("features.names is empty")
         return self
+
+
+class TokenizerConfig(_Strict):
+    """``tokenizer`` (config.yaml): raw text in, token ids out, before the model runs."""
+
+    file: str  # tokenizer.json, relative to the model directory
+    text_input: str = "TEXT"  # the BYTES input clients send
+    ids: str = "input_ids"  # model input for the token ids
+    mask: str | None = "attention_mask"  # model input for the attention mask (None: none)
+    max_length: int = Field(128, ge=1)
 
 
 class InstanceGroup(_Strict):
@@ -272,6 +282,7 @@ class ModelConfig(_Strict):
     response_cache: ResponseCache | None = None
     budget: Budget | None = None
     features: Features | None = None  # config.yaml only (not a Triton field)
+    tokenizer: TokenizerConfig | None = None  # config.yaml only
 
     @field_validator("parameters", mode="before")
     @classmethod

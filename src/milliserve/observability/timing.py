@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __all__ = ["STAGES", "server_timing"]
 
-STAGES = ("parse", "cache", "features", "queue", "infer", "postprocess", "serialize")
+STAGES = ("parse", "cache", "features", "preprocess", "queue", "infer", "postprocess", "serialize")
 
 
 # the stages of a plain inference, in the order the runtime and front-ends record them:

@@ -26,6 +26,7 @@ from milliserve.errors import (
     UnavailableError,
 )
 from milliserve.features.store import FeatureSet, RedisFeatures, TableFeatures
+from milliserve.features.tokenize import TokenizerStep
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
 from milliserve.repository.autocomplete import complete_config
@@ -160,6 +161,7 @@ class ModelRuntime:
         self.stats = ModelStats(config.name, version, pending=self.batcher.pending)
         self.cache: ResponseCache | None = None  # set by load() when response_cache is enabled
         self.features: FeatureSet | None = None  # set by load() when the config declares features
+        self.tokenizer: TokenizerStep | None = None  # set by load() for raw-text models
         self.estimator = LatencyEstimator()
         self._instances = len(backends)
         self._budget_s = config.budget.p99_ms / 1000 if config.budget is not None else None
@@ -217,6 +219,11 @@ class ModelRuntime:
         runtime.stats.record_load(load_s, time.perf_counter() - t1)
         if final.features is not None:
             runtime.features = _feature_set(final, version_dir.parent, caches or CacheFactory())
+        tk = final.tokenizer
+        if tk is not None:
+            runtime.tokenizer = TokenizerStep(
+                version_dir.parent / tk.file, tk.text_input, tk.ids, tk.mask, tk.max_length
+            )
         rc = final.response_cache
         if rc is not None and rc.enable:
             runtime.cache = (caches or CacheFactory()).make(rc.enable, rc.backend, rc.ttl_s, rc.max_bytes)
@@ -302,6 +309,10 @@ class ModelRuntime:
         try:
             if self.features is not None:
                 notes = await self._fetch_features(request, stages)
+            if self.tokenizer is not None:
+                tp = time.perf_counter()
+                request.inputs = self.tokenizer.apply(request.inputs)
+                stages["preprocess"] = time.perf_counter() - tp
             batch_size, signature = validate_request(request, self.io)
             deadline = self._deadline(request, t0 / 1e9)
             if deadline is not None:
