@@ -12,34 +12,14 @@ the scheduled send, so coordinated omission is corrected), interleaved per rate
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from minilm_copies import SEQ, bench, build_copies
 from report_sections import write_section
 
-from milliserve.examples.minilm import build_minilm
 from milliserve.testing import ServerProcess
 
-SEQ = 32
-CONFIG = """\
-name: {name}
-backend: onnxruntime
-max_batch_size: 32
-input:
-  - {{name: input_ids, data_type: TYPE_INT64, dims: [-1]}}
-  - {{name: attention_mask, data_type: TYPE_INT64, dims: [-1]}}
-output:
-  - {{name: embedding, data_type: TYPE_FP32, dims: [384]}}
-dynamic_batching:
-  preferred_batch_size: [8, 16, 32]
-{batching}
-  default_queue_policy: {{max_queue_size: 1024}}
-parameters: {{intra_op_thread_count: "2"}}
-"""
 VARIANTS = {
     "adaptive (target p99 20 ms)": ("minilm_adaptive", "  target_p99_ms: 20"),
     "fixed delay 100 µs": ("minilm_small_delay", "  max_queue_delay_microseconds: 100"),
@@ -47,29 +27,14 @@ VARIANTS = {
 }
 
 
-def build(repo: Path) -> None:
-    build_minilm(repo)
-    src = repo / "minilm"
-    for name, batching in VARIANTS.values():
-        (repo / name / "1").mkdir(parents=True)
-        shutil.copy(src / "1" / "model.onnx", repo / name / "1" / "model.onnx")
-        (repo / name / "config.yaml").write_text(CONFIG.format(name=name, batching=batching))
-    shutil.rmtree(src)
-
-
-def bench(url: str, model: str, rate: float, seconds: float, out: Path) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "milliserve", "bench", f"http://{url}", "-m", model, "--rate", str(rate)]
-    cmd += ["--duration", str(seconds), "--warmup", "2", "--no-calibrate", "--json", str(out)]
-    cmd += ["--shape", f"input_ids:{SEQ}", "--shape", f"attention_mask:{SEQ}", "--data", "zero"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    lv = json.loads(out.read_text())["levels"][0]
+def bench_rate(url: str, model: str, rate: float, seconds: float, out: Path) -> dict[str, float]:
+    lv = bench(url, model, out, "--rate", str(rate), seconds=seconds)
     return {
         "rate": rate,
         "throughput": lv["throughput"],
         "p50": lv["latency_us"]["p50"] / 1e3,
         "p99": lv["latency_us"]["p99"] / 1e3,
-        "errors": sum(lv.get("errors", {}).values()) if isinstance(lv.get("errors"), dict) else 0,
-        "late": lv.get("late_sends", 0),
+        "errors": sum(lv["errors"].values()),
     }
 
 
@@ -80,13 +45,13 @@ def main() -> None:
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     work = Path(tempfile.mkdtemp(prefix="ms-adaptive-"))
-    build(work / "repo")
+    build_copies(work / "repo", {model: (batching, "") for model, batching in VARIANTS.values()})
     rows: dict[str, list[dict[str, float]]] = {label: [] for label in VARIANTS}
     with ServerProcess(work / "repo") as server:
         for rate in rates:
             for label, (model, _) in VARIANTS.items():  # interleaved per rate
                 rows[label].append(
-                    bench(server.http_url, model, rate, args.seconds, work / f"{model}-{rate}.json")
+                    bench_rate(server.http_url, model, rate, args.seconds, work / f"{model}-{rate}.json")
                 )
     lines = [
         "## Budget-driven batching against fixed queue delays (MiniLM)",

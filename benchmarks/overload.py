@@ -12,45 +12,15 @@ models. Writes the "overload" section of docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
+from minilm_copies import SEQ, bench, build_copies
 from report_sections import write_section
 
-from milliserve.examples.minilm import build_minilm
 from milliserve.testing import ServerProcess
 
-SEQ = 32
-CONFIG = """\
-name: {name}
-backend: onnxruntime
-max_batch_size: 32
-input:
-  - {{name: input_ids, data_type: TYPE_INT64, dims: [-1]}}
-  - {{name: attention_mask, data_type: TYPE_INT64, dims: [-1]}}
-output:
-  - {{name: embedding, data_type: TYPE_FP32, dims: [384]}}
-dynamic_batching:
-  preferred_batch_size: [8, 16, 32]
-  max_queue_delay_microseconds: 1000
-  default_queue_policy: {{max_queue_size: 1024}}
-parameters: {{intra_op_thread_count: "2"}}
-{extra}"""
 MODELS = {"budget p99 50 ms": ("minilm_budget", "budget: {p99_ms: 50}\n"), "no budget": ("minilm_plain", "")}
-
-
-def _bench(url: str, model: str, out: Path, *load: str, seconds: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "milliserve", "bench", f"http://{url}", "-m", model, *load]
-    cmd += ["--duration", str(seconds), "--warmup", "2", "--no-calibrate", "--json", str(out)]
-    cmd += ["--shape", f"input_ids:{SEQ}", "--shape", f"attention_mask:{SEQ}", "--data", "zero"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    lv: dict[str, Any] = json.loads(out.read_text())["levels"][0]
-    return lv
 
 
 def main() -> None:
@@ -59,21 +29,17 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ms-overload-"))
     repo = work / "repo"
-    build_minilm(repo)
-    for name, extra in MODELS.values():
-        (repo / name / "1").mkdir(parents=True)
-        shutil.copy(repo / "minilm" / "1" / "model.onnx", repo / name / "1" / "model.onnx")
-        (repo / name / "config.yaml").write_text(CONFIG.format(name=name, extra=extra))
-    shutil.rmtree(repo / "minilm")
+    delay = "  max_queue_delay_microseconds: 1000"
+    build_copies(repo, {name: (delay, extra) for name, extra in MODELS.values()})
     with ServerProcess(repo) as server:
-        capacity = _bench(
+        capacity = bench(
             server.http_url, "minilm_plain", work / "cap.json", "--concurrency", "8", seconds=args.seconds
         )["throughput"]
         rate = 2 * capacity
         rows = []
         for rnd in range(2):  # A B A B
             for label, (model, _) in MODELS.items():
-                lv = _bench(
+                lv = bench(
                     server.http_url,
                     model,
                     work / f"{model}-{rnd}.json",

@@ -24,8 +24,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
-
 from milliserve.protocol.raw import array_from_raw, array_to_raw
 from milliserve.protocol.types import InferRequest, InferTensor
 from milliserve.redis_client import redis_client
@@ -188,8 +186,6 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # by reason: timeout, connection, ...
-    hit_ns: int = 0  # time spent answering hits (lookup + decode)
-    miss_ns: int = 0  # time spent on misses (lookup + compute + store)
     shared: int = 0  # misses answered by another request's computation (single-flight)
 
 
@@ -238,19 +234,15 @@ class ResponseCache:
         self, key: str, compute: Callable[[], Awaitable[list[InferTensor]]]
     ) -> tuple[list[InferTensor], bool]:
         """The outputs for ``key`` and whether they came from the cache."""
-        t0 = time.perf_counter_ns()
         cached = await self._lookup(key)
         if cached is not None:
             self.stats.hits += 1
-            self.stats.hit_ns += time.perf_counter_ns() - t0
             return cached, True
         self.stats.misses += 1
         pending = self._inflight.get(key)
         if pending is not None:  # the same request is being computed: share its answer
             self.stats.shared += 1
-            outputs = await asyncio.shield(pending)
-            self.stats.miss_ns += time.perf_counter_ns() - t0
-            return outputs, False
+            return await asyncio.shield(pending), False
         future: asyncio.Future[list[InferTensor]] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
@@ -264,12 +256,7 @@ class ResponseCache:
             self._inflight.pop(key, None)
         future.set_result(outputs)
         await self._store(key, outputs)
-        self.stats.miss_ns += time.perf_counter_ns() - t0
         return outputs, False
-
-
-def nbytes(outputs: list[InferTensor]) -> int:
-    return sum(int(np.asarray(t.data).nbytes) for t in outputs)
 
 
 class CacheFactory:

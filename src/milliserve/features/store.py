@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from milliserve.config.model_config import Features
 from milliserve.errors import ConfigError, UnavailableError
 from milliserve.redis_client import redis_client
 
@@ -141,6 +142,35 @@ class FeatureSet:
     entity_parameter: str | None = None  # an OIP request parameter (batch 1) ...
     entity_input: str | None = None  # ... or a BYTES input [batch] / [batch, 1] of ids
     on_unavailable: str = "defaults"  # or "fail"
+
+    @classmethod
+    def from_config(
+        cls,
+        f: Features,
+        model_inputs: set[str],
+        model_dir: Path,
+        redis_url: str,
+        timeout_s: float,
+        backoff_s: float,
+    ) -> FeatureSet:
+        """The feature set a model's ``features`` config declares; raises ConfigError."""
+        if f.input not in model_inputs:
+            raise ConfigError(f"features.input {f.input!r} is not an input of the model")
+        names = list(f.names)
+        source: TableFeatures | RedisFeatures
+        if f.source.table is not None:
+            source = TableFeatures(model_dir / f.source.table, f.source.key, names)
+        else:
+            source = RedisFeatures(redis_url, f.source.redis_prefix or "", names, timeout_s, backoff_s)
+        return cls(
+            input=f.input,
+            names=names,
+            defaults=[f.defaults.get(n, 0.0) for n in names],
+            source=source,
+            entity_parameter=f.entity_parameter,
+            entity_input=f.entity_input,
+            on_unavailable=f.on_unavailable,
+        )
 
     def entity_ids(self, inputs: list[Any], parameters: dict[str, Any]) -> tuple[list[str], list[Any]]:
         """The entity ids of a request, and its inputs without the ids input."""

@@ -4,7 +4,9 @@ with durations in milliseconds (W3C Server Timing)."""
 
 from __future__ import annotations
 
-__all__ = ["STAGES", "server_timing"]
+from typing import Any
+
+__all__ = ["STAGES", "finish_stages", "server_timing"]
 
 STAGES = ("parse", "cache", "features", "preprocess", "queue", "infer", "postprocess", "serialize")
 
@@ -29,3 +31,14 @@ def server_timing(stages: dict[str, float], total_s: float) -> str:
     parts += [f"{k};dur={v * 1e3:.3f}" for k, v in stages.items() if k not in STAGES]
     parts.append(f"total;dur={total_s * 1e3:.3f}")
     return ", ".join(parts)
+
+
+def finish_stages(response: Any, decode_s: float, serialize_s: float, total_s: float) -> str:
+    """What a front-end does once it has encoded an answer: add its own decoding to
+    ``parse`` and its encoding as ``serialize``, record the stages, return the header value."""
+    stages: dict[str, float] = response.timings
+    stages["parse"] = stages.get("parse", 0.0) + decode_s
+    stages["serialize"] = serialize_s
+    if response.record_stages is not None:
+        response.record_stages(stages)
+    return server_timing(stages, total_s)

@@ -34,6 +34,17 @@ class LatencyEstimator:
         scale = max(1.0, batch_size / nearest)
         return self.by_batch[nearest] * scale
 
+    def needed_s(
+        self, batch_size: int, queued_items: int, free_instances: int, instances: int, max_batch: int
+    ) -> tuple[float, float] | None:
+        """(queue, compute) seconds a new request needs, or None when nothing is known yet.
+        Under load it rides in a batch with those queued with it, not alone."""
+        joined = min(max_batch, queued_items % max_batch + batch_size) if queued_items else batch_size
+        compute = self.compute_s(joined)
+        if compute is None:
+            return None
+        return self.queue_s(queued_items, free_instances, instances, max_batch), compute
+
     def queue_s(self, queued_items: int, free_instances: int, instances: int, max_batch: int) -> float:
         """Expected wait for an instance, on the pessimistic side (admission protects a p99):
         nothing when one is free and nobody is queued; otherwise a whole running batch plus

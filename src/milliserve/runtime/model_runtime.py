@@ -25,7 +25,7 @@ from milliserve.errors import (
     RequestError,
     UnavailableError,
 )
-from milliserve.features.store import FeatureSet, RedisFeatures, TableFeatures
+from milliserve.features.store import FeatureSet
 from milliserve.features.tokenize import TokenizerStep
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
@@ -60,30 +60,6 @@ def _failure_reason(exc: BaseException) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return "CANCELED"
     return "BACKEND"
-
-
-def _feature_set(cfg: ModelConfig, model_dir: Path, caches: CacheFactory) -> FeatureSet:
-    f = cfg.features
-    assert f is not None
-    if f.input not in {t.name for t in cfg.input}:
-        raise ConfigError(f"features.input {f.input!r} is not an input of the model")
-    names = list(f.names)
-    source: TableFeatures | RedisFeatures
-    if f.source.table is not None:
-        source = TableFeatures(model_dir / f.source.table, f.source.key, names)
-    else:
-        source = RedisFeatures(
-            caches.redis_url, f.source.redis_prefix or "", names, caches.timeout_s, caches.backoff_s
-        )
-    return FeatureSet(
-        input=f.input,
-        names=names,
-        defaults=[f.defaults.get(n, 0.0) for n in names],
-        source=source,
-        entity_parameter=f.entity_parameter,
-        entity_input=f.entity_input,
-        on_unavailable=f.on_unavailable,
-    )
 
 
 def _policy(cfg: ModelConfig, label: str) -> BatchPolicy:
@@ -218,7 +194,11 @@ class ModelRuntime:
         feeds = await runtime._warmup()
         runtime.stats.record_load(load_s, time.perf_counter() - t1)
         if final.features is not None:
-            runtime.features = _feature_set(final, version_dir.parent, caches or CacheFactory())
+            c = caches or CacheFactory()
+            model_inputs = {t.name for t in final.input}
+            runtime.features = FeatureSet.from_config(
+                final.features, model_inputs, version_dir.parent, c.redis_url, c.timeout_s, c.backoff_s
+            )
         tk = final.tokenizer
         if tk is not None:
             runtime.tokenizer = TokenizerStep(
@@ -382,13 +362,12 @@ class ModelRuntime:
     def _admit(self, deadline: float, batch_size: int) -> None:
         """Refuse at once a request that cannot finish in time (HTTP 429, gRPC DEADLINE_EXCEEDED)."""
         b = self.batcher
-        batch_cap = max(1, b.policy.max_batch_size)
-        # under load the request rides in a batch with those queued with it, not alone
-        joined = min(batch_cap, b.queued % batch_cap + batch_size) if b.queued else batch_size
-        compute = self.estimator.compute_s(joined)
-        if compute is None:
+        need = self.estimator.needed_s(
+            batch_size, b.queued, b.free_instances, self._instances, max(1, b.policy.max_batch_size)
+        )
+        if need is None:
             return  # nothing known yet: admit
-        queue = self.estimator.queue_s(b.queued, b.free_instances, self._instances, batch_cap)
+        queue, compute = need
         left = deadline - time.perf_counter()
         if queue + compute > left:
             raise DeadlineUnmeetableError(

@@ -19,7 +19,7 @@ from google.protobuf import json_format
 from milliserve import errors as e
 from milliserve.config.model_config import config_to_proto
 from milliserve.errors import MilliserveError, ModelNotReadyError
-from milliserve.observability.timing import server_timing
+from milliserve.observability.timing import finish_stages
 from milliserve.protocol import grpc_codec
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.runtime.dataplane import DataPlane
@@ -90,12 +90,7 @@ class Servicer:
         t2 = time.perf_counter()
         out = grpc_codec.encode_infer_response(response)
         t3 = time.perf_counter()
-        stages = response.timings
-        stages["parse"] = stages.get("parse", 0.0) + (t1 - t0)
-        stages["serialize"] = t3 - t2
-        if response.record_stages is not None:
-            response.record_stages(stages)
-        return out, server_timing(stages, t3 - t0)
+        return out, finish_stages(response, t1 - t0, t3 - t2, t3 - t0)
 
     async def ModelConfig(self, req: Any, ctx: Any) -> Any:
         return pb.ModelConfigResponse(config=config_to_proto(self.dp.model_config(req.name, req.version)))

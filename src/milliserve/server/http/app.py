@@ -21,7 +21,7 @@ from milliserve.errors import (
     NotFoundError,
     RequestTooLargeError,
 )
-from milliserve.observability.timing import server_timing
+from milliserve.observability.timing import finish_stages
 from milliserve.protocol.json_codec import (
     decode_infer_request,
     decode_json_object,
@@ -171,12 +171,7 @@ class HttpApp:
         t2 = time.perf_counter()
         out, out_header_len = encode_infer_response(response, request)
         t3 = time.perf_counter()
-        stages = response.timings
-        stages["parse"] = stages.get("parse", 0.0) + (t1 - t0)
-        stages["serialize"] = t3 - t2
-        if response.record_stages is not None:
-            response.record_stages(stages)
-        timing = (_SERVER_TIMING, server_timing(stages, t3 - t0).encode())
+        timing = (_SERVER_TIMING, finish_stages(response, t1 - t0, t3 - t2, t3 - t0).encode())
         if out_header_len is None:
             return 200, out, [_JSON, timing]
         return 200, out, [_OCTET, (_HEADER_LEN, str(out_header_len).encode()), timing]
