@@ -55,6 +55,8 @@ def test_table_features_fill_the_model_input(tmp_path: Path, write_add_sub: Call
         assert r.status_code == 200, r.text
         assert _output0(r) == [4.0, 91.0, 3.0]  # INPUT0 + the user's features
         assert "features" in r.headers["server-timing"]
+        meta = c.get(f"http://{server.http_url}/v2/models/add_sub").json()
+        assert [i["name"] for i in meta["inputs"]] == ["INPUT0"]  # INPUT1 is built from features
         unknown = _ask(c, server.http_url, "ghost", [0.0, 0.0, 0.0])
         assert _output0(unknown) == [-1.0, 0.0, 0.0]  # declared defaults
         assert unknown.json()["parameters"]["features_defaulted"] == "1 unknown entity"

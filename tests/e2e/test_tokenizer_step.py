@@ -59,3 +59,6 @@ def test_raw_text_in_embeddings_out(example_repo: Path, tmp_path: Path) -> None:
         wrong.set_data_from_numpy(np.array([[b"x"]], dtype=object))
         with pytest.raises(Exception, match="needs the BYTES input 'TEXT'"):
             client.infer("text_minilm", [wrong])
+        # the metadata lists what a client sends: the text, not the token tensors
+        inputs = client.get_model_metadata("text_minilm")["inputs"]
+        assert inputs == [{"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]}]

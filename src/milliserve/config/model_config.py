@@ -36,7 +36,7 @@ __all__ = [
 CONFIG_FILES = ("config.yaml", "config.yml", "config.pbtxt")
 # ``parameters`` that the runtime reads, whatever the backend (backends accept these too).
 RUNTIME_PARAMETERS = frozenset({"allow_nonfinite_inputs", "inline_execution"})
-SUPPORTED_PLATFORMS = ("", "onnxruntime_onnx")
+SUPPORTED_PLATFORMS = ("", "onnxruntime_onnx", "ensemble")
 SUPPORTED_BACKENDS = ("", "onnxruntime")
 
 
@@ -200,6 +200,85 @@ class TokenizerConfig(_Strict):
     max_length: int = Field(128, ge=1)
 
 
+class RuleThreshold(_Strict):
+    at_least: float
+    label: str
+
+
+class Rules(_Strict):
+    """A business-rules step: a score mapped to a label. ``thresholds`` (checked in order,
+    the first ``at_least`` the score reaches wins, else ``default``) threshold one column of
+    ``input``; ``labels`` name the columns instead and the largest one wins."""
+
+    input: str
+    output: str
+    column: int = Field(0, ge=0)
+    thresholds: tuple[RuleThreshold, ...] = ()
+    default: str = ""
+    labels: tuple[str, ...] = ()
+    score_output: str | None = None  # also return the score the label was chosen on
+
+    @model_validator(mode="after")
+    def _one(self) -> Rules:
+        if bool(self.thresholds) == bool(self.labels):
+            raise ValueError("rules needs exactly one of thresholds or labels")
+        if self.thresholds and not self.default:
+            raise ValueError("rules.thresholds needs a default label for scores below every threshold")
+        return self
+
+
+class PythonStep(_Strict):
+    """A custom step: ``function`` (``package.module:function``) is called with a dict of the
+    named ``inputs`` (numpy arrays) and ``parameters``, and returns a dict with ``outputs``."""
+
+    function: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    parameters: dict[str, str] = {}
+
+    @field_validator("function")
+    @classmethod
+    def _form(cls, v: str) -> str:
+        module, _, attr = v.partition(":")
+        if not module or not attr:
+            raise ValueError(f"function must be 'package.module:function', got {v!r}")
+        return v
+
+
+class PipelineStep(_Strict):
+    """One step of ``ensemble_scheduling``: a model of the repository (Triton's fields), or
+    one of milliserve's built-in steps, or a custom Python function."""
+
+    model_name: str = ""
+    model_version: int = -1
+    input_map: dict[str, str] = {}  # model input -> pipeline tensor
+    output_map: dict[str, str] = {}  # model output -> pipeline tensor
+    tokenizer: TokenizerConfig | None = None
+    features: Features | None = None
+    rules: Rules | None = None
+    python: PythonStep | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> PipelineStep:
+        kinds = [k for k in STEP_KINDS if (self.model_name if k == "model_name" else getattr(self, k))]
+        if len(kinds) != 1:
+            raise ValueError(f"a step needs exactly one of {list(STEP_KINDS)}, got {kinds or 'none'}")
+        if kinds[0] != "model_name" and (self.input_map or self.output_map):
+            raise ValueError("input_map and output_map belong to model steps")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "model" if self.model_name else next(k for k in STEP_KINDS[1:] if getattr(self, k))
+
+
+STEP_KINDS = ("model_name", "tokenizer", "features", "rules", "python")
+
+
+class Ensembling(_Strict):
+    step: tuple[PipelineStep, ...]
+
+
 class InstanceGroup(_Strict):
     name: str = ""
     count: int = Field(1, ge=1)
@@ -281,8 +360,9 @@ class ModelConfig(_Strict):
     model_warmup: tuple[WarmupSpec, ...] = ()
     response_cache: ResponseCache | None = None
     budget: Budget | None = None
-    features: Features | None = None  # config.yaml only (not a Triton field)
-    tokenizer: TokenizerConfig | None = None  # config.yaml only
+    features: Features | None = None  # milliserve's (pbtxt field 102)
+    tokenizer: TokenizerConfig | None = None  # milliserve's (pbtxt field 103)
+    ensemble_scheduling: Ensembling | None = None  # platform "ensemble": a pipeline of steps
 
     @field_validator("parameters", mode="before")
     @classmethod
@@ -305,7 +385,7 @@ class ModelConfig(_Strict):
     @classmethod
     def _platform(cls, v: str) -> str:
         if v not in SUPPORTED_PLATFORMS:
-            raise ValueError(f"platform {v!r} is not supported; use 'onnxruntime_onnx'")
+            raise ValueError(f"platform {v!r} is not supported; use 'onnxruntime_onnx' or 'ensemble'")
         return v
 
     @field_validator("backend")
@@ -322,6 +402,22 @@ class ModelConfig(_Strict):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"{section} names must be unique, repeated: {dupes}")
+        if (self.platform == "ensemble") != (self.ensemble_scheduling is not None):
+            raise ValueError("platform 'ensemble' and ensemble_scheduling go together")
+        if self.ensemble_scheduling is not None:
+            if not self.input or not self.output:
+                raise ValueError("an ensemble declares its input and output tensors")
+            unused = [
+                k
+                for k in ("dynamic_batching", "features", "tokenizer", "backend")
+                if getattr(self, k) not in (None, "")
+            ]
+            if unused or self.instance_group or self.model_warmup:
+                unused += ["instance_group"] * bool(self.instance_group)
+                unused += ["model_warmup"] * bool(self.model_warmup)
+                raise ValueError(
+                    f"{unused} do not apply to an ensemble: set them on its models, or use steps"
+                )
         db = self.dynamic_batching
         if db is not None:
             if self.max_batch_size == 0:
@@ -343,6 +439,11 @@ class ModelConfig(_Strict):
 
     def output_specs(self) -> tuple[TensorSpec, ...]:
         return tuple(t.spec() for t in self.output)
+
+    def stage_budget_s(self, stage: str) -> float | None:
+        """The budget's allocation to ``stage`` in seconds, or None when it has none."""
+        ms = self.budget.stages.get(stage) if self.budget is not None else None
+        return ms / 1000 if ms else None
 
     def flag(self, key: str) -> bool:
         """A boolean entry of ``parameters`` (``true``/``1``); ConfigError for anything else."""
@@ -436,7 +537,10 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
         "max_batch_size": cfg.max_batch_size,
         "input": [tensor(t) for t in cfg.input],
         "output": [tensor(t) for t in cfg.output],
-        "instance_group": [g.model_dump() for g in (cfg.instance_group or (InstanceGroup(),))],
+        "instance_group": [
+            g.model_dump()
+            for g in (cfg.instance_group or (() if cfg.ensemble_scheduling else (InstanceGroup(),)))
+        ],
         "parameters": {k: {"string_value": v} for k, v in cfg.parameters.items()},
     }
     if cfg.dynamic_batching is not None:
@@ -445,6 +549,12 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
         out["response_cache"] = cfg.response_cache.model_dump()
     if cfg.budget is not None:
         out["budget"] = cfg.budget.model_dump()
+    for key in ("features", "tokenizer", "ensemble_scheduling"):
+        value = getattr(cfg, key)
+        if value is not None:
+            out[key] = value.model_dump(exclude_none=True)
+    if cfg.ensemble_scheduling is not None:
+        out["platform"], out["backend"] = "ensemble", ""
     if cfg.model_warmup:
         out["model_warmup"] = [w.model_dump() for w in cfg.model_warmup]
         for w in out["model_warmup"]:

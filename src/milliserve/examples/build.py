@@ -5,15 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from milliserve.examples.fraud import build_fraud
 from milliserve.examples.fraud_mlp import build_fraud_mlp
 from milliserve.examples.minilm import build_minilm
+from milliserve.examples.sentiment_pipeline import build_sentiment
 
 __all__ = ["EXAMPLES", "build_examples"]
 
 EXAMPLES: dict[str, Callable[[Path], object]] = {
     "fraud_mlp": build_fraud_mlp,
     "minilm": build_minilm,
+    "fraud": build_fraud,  # a pipeline over fraud_mlp
+    "sentiment": build_sentiment,  # a pipeline over minilm (and its own head)
 }
+# what a pipeline needs built before it
+NEEDS = {"fraud": ("fraud_mlp",), "sentiment": ("minilm",)}
 
 
 def build_examples(
@@ -23,10 +29,12 @@ def build_examples(
 
     Raises KeyError naming an unknown example, ImportError when a packaged model is missing.
     """
-    names = only or list(EXAMPLES)
-    unknown = sorted(set(names) - set(EXAMPLES))
+    asked = only or list(EXAMPLES)
+    unknown = sorted(set(asked) - set(EXAMPLES))
     if unknown:
         raise KeyError(f"unknown examples {unknown}; choose from {sorted(EXAMPLES)}")
+    wanted = set(asked) | {dep for n in asked for dep in NEEDS.get(n, ())}
+    names = [n for n in EXAMPLES if n in wanted]  # dependencies first
     repo.mkdir(parents=True, exist_ok=True)
     results: dict[str, object] = {}
     for name in names:

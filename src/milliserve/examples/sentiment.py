@@ -26,7 +26,17 @@ import numpy as np
 
 from milliserve.examples.minilm import minilm_dir, tokenizer_path
 
-__all__ = ["SEQ_LEN", "factory", "load_tweets", "sentiment_model", "tokenize", "write_data"]
+__all__ = [
+    "LABELS",
+    "SEQ_LEN",
+    "cache_dir",
+    "factory",
+    "load_tweets",
+    "sentiment_model",
+    "splits",
+    "tokenize",
+    "write_data",
+]
 
 SEQ_LEN = 48  # covers 99% of the tweets' token counts
 LABELS = ("negative", "positive")
@@ -71,7 +81,7 @@ def tokenize(texts: list[str], seq_len: int = SEQ_LEN) -> dict[str, np.ndarray[A
     }
 
 
-def _splits(n_train: int, n_eval: int, seed: int = 0) -> dict[str, list[tuple[str, int]]]:
+def splits(n_train: int, n_eval: int, seed: int = 0) -> dict[str, list[tuple[str, int]]]:
     tweets = load_tweets()
     rng = np.random.default_rng(seed)
     by_label = [[t for t in tweets if t[1] == lab] for lab in (0, 1)]
@@ -94,12 +104,12 @@ def write_data(
 ) -> dict[str, Path]:
     """train.npz, eval.npz (balanced positive/negative, with labels) and calib.npz (from train)."""
     directory.mkdir(parents=True, exist_ok=True)
-    splits = _splits(n_train, n_eval)
+    rows_by_split = splits(n_train, n_eval)
     paths = {name: directory / f"{name}.npz" for name in ("train", "eval", "calib")}
     for name in ("train", "eval"):
-        rows = splits[name]
+        rows = rows_by_split[name]
         np.savez(paths[name], **tokenize([t for t, _ in rows]), labels=np.array([lab for _, lab in rows]))  # type: ignore[arg-type]
-    calib = tokenize([t for t, _ in splits["train"][:n_calib]])
+    calib = tokenize([t for t, _ in rows_by_split["train"][:n_calib]])
     np.savez(paths["calib"], **calib)  # type: ignore[arg-type]
     return paths
 
@@ -133,7 +143,7 @@ def sentiment_model(encoder: Any = None) -> Any:
     return SentimentClassifier(encoder if encoder is not None else _encoder())
 
 
-def _cache() -> Path:
+def cache_dir() -> Path:
     return Path(os.environ.get("MILLISERVE_CACHE", Path.home() / ".cache" / "milliserve"))
 
 
@@ -142,7 +152,7 @@ def _train_head(model: Any, n_train: int = 6000) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    rows = _splits(n_train, 1000)["train"]
+    rows = splits(n_train, 1000)["train"]
     feeds = tokenize([t for t, _ in rows])
     labels = torch.tensor([lab for _, lab in rows])
     model.eval()
@@ -171,7 +181,7 @@ def factory() -> tuple[Any, Any]:
     import torch
 
     model = sentiment_model()
-    cached = _cache() / "sentiment_head.npz"
+    cached = cache_dir() / "sentiment_head.npz"
     if cached.is_file():
         with np.load(cached, allow_pickle=False) as f:
             state = {k: torch.from_numpy(f[k]) for k in f.files}

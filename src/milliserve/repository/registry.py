@@ -16,9 +16,12 @@ from typing import Any
 
 from milliserve.cache.response_cache import CacheFactory
 from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError
+from milliserve.pipeline.runtime import PipelineRuntime
 from milliserve.repository.repository import Repository
 from milliserve.runtime.executor import Executor
 from milliserve.runtime.model_runtime import ModelRuntime
+
+Runtime = ModelRuntime | PipelineRuntime
 
 __all__ = ["ModelRegistry", "ModelState"]
 
@@ -37,10 +40,10 @@ class _Entry:
     name: str
     state: str = ModelState.UNAVAILABLE
     reason: str = ""
-    versions: dict[str, ModelRuntime] = field(default_factory=dict)
+    versions: dict[str, Runtime] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def latest(self) -> ModelRuntime | None:
+    def latest(self) -> Runtime | None:
         if not self.versions:
             return None
         return self.versions[max(self.versions, key=int)]
@@ -56,6 +59,7 @@ class ModelRegistry:
         self._executor = executor
         self.caches = caches or CacheFactory()
         self._entries: dict[str, _Entry] = {}
+        self._resolving: set[str] = set()  # pipelines whose dependencies are being loaded
 
     def _entry(self, name: str) -> _Entry:
         entry = self._entries.get(name)
@@ -85,17 +89,19 @@ class ModelRegistry:
         for runtime in old.values():
             await runtime.close()
 
-    async def _build(self, name: str) -> dict[str, ModelRuntime]:
+    async def _build(self, name: str) -> dict[str, Runtime]:
         config = self.repository.read_config(name)
         available = self.repository.versions(name)
         policy = config.version_policy if config else None
         chosen = policy.select(available) if policy else available[-1:]
+        if config is not None and config.ensemble_scheduling is not None:
+            return await self._build_pipeline(name, chosen or [1])  # its version folders may be absent
         if not chosen:
             raise ConfigError(
                 f"{self.repository.model_dir(name)}: no version to serve (version folders: "
                 f"{available}; version_policy selects none)"
             )
-        built: dict[str, ModelRuntime] = {}
+        built: dict[str, Runtime] = {}
         try:
             for v in chosen:
                 vdir = self.repository.model_dir(name) / str(v)
@@ -108,9 +114,47 @@ class ModelRegistry:
             raise
         return built
 
+    async def _build_pipeline(self, name: str, versions: list[int]) -> dict[str, Runtime]:
+        """Load the models a pipeline calls (if they are not loaded yet), then the pipeline."""
+        config = self.repository.read_config(name)
+        assert config is not None and config.ensemble_scheduling is not None
+        if name in self._resolving:
+            raise ConfigError(f"pipeline {name!r} calls itself through {sorted(self._resolving)}")
+        self._resolving.add(name)
+        try:
+            for step in config.ensemble_scheduling.step:
+                dep = step.model_name
+                if not dep or (dep in self._entries and self._entries[dep].versions):
+                    continue
+                try:
+                    await self.load(dep)
+                except NotFoundError:
+                    raise ConfigError(
+                        f"pipeline {name!r} calls model {dep!r}, which is not in the repository"
+                    ) from None
+                except (ConfigError, BackendError) as exc:
+                    raise ConfigError(
+                        f"pipeline {name!r} calls model {dep!r}, which failed to load: {exc.message}"
+                    ) from None
+        finally:
+            self._resolving.discard(name)
+        model_dir = self.repository.model_dir(name)
+        built: dict[str, Runtime] = {}
+        for v in versions:
+            built[str(v)] = await PipelineRuntime.load(config, str(v), model_dir, self.get, self.caches)
+        return built
+
+    def _is_pipeline(self, name: str) -> bool:
+        try:
+            config = self.repository.read_config(name)
+        except ConfigError:
+            return False  # its load reports the error
+        return config is not None and config.ensemble_scheduling is not None
+
     async def load_all(self, names: list[str] | None = None) -> None:
-        """Load several models; a failure is recorded and the others still load."""
-        for name in names if names is not None else self.repository.model_names():
+        """Load several models, pipelines last; a failure is recorded and the others still load."""
+        todo = names if names is not None else self.repository.model_names()
+        for name in sorted(todo, key=self._is_pipeline):
             try:
                 await self.load(name)
             except (ConfigError, BackendError):
@@ -131,7 +175,7 @@ class ModelRegistry:
         for name in list(self._entries):
             await self.unload(name)
 
-    def get(self, name: str, version: str = "") -> ModelRuntime:
+    def get(self, name: str, version: str = "") -> Runtime:
         """The runtime that serves ``name`` (and ``version``, "" = latest).
 
         Raises NotFoundError for an unknown model or version, ModelNotReadyError
@@ -159,7 +203,7 @@ class ModelRegistry:
         entry = self._entries.get(name)
         return sorted(entry.versions, key=int) if entry else []
 
-    def all_ready(self) -> list[ModelRuntime]:
+    def all_ready(self) -> list[Runtime]:
         return [rt for e in self._entries.values() for rt in e.versions.values()]
 
     def is_loading(self) -> bool:

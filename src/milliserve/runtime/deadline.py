@@ -5,8 +5,9 @@ instead of being computed for nobody."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
-__all__ = ["LatencyEstimator"]
+__all__ = ["LatencyEstimator", "request_deadline"]
 
 _ALPHA = 0.2  # EWMA weight of a new observation
 
@@ -54,3 +55,22 @@ class LatencyEstimator:
         per_batch = self.compute_s(max(1, min(max_batch, queued_items + 1))) or 0.0
         waves = math.floor(queued_items / max(1, max_batch)) / max(1, instances)
         return (0.0 if free_instances else per_batch) + waves * per_batch
+
+
+def request_deadline(
+    deadline: float | None, parameters: dict[str, Any], start: float, budget_s: float | None, delay: bool
+) -> float | None:
+    """The earliest of the request's deadline (header or gRPC), its OIP ``timeout`` (µs), and,
+    when it gives neither, the budget's p99. With timeout_action DELAY (``delay``) a late
+    request is still served, so its timeout is no deadline."""
+    timeout = parameters.get("timeout") if parameters else None
+    if timeout is None:  # the common case, kept cheap: it runs on every request
+        if deadline is not None:
+            return deadline
+        return start + budget_s if budget_s is not None else None
+    found = [deadline] if deadline is not None else []
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0 and not delay:
+        found.append(start + timeout / 1e6)
+    if not found and budget_s is not None:
+        found.append(start + budget_s)
+    return min(found) if found else None

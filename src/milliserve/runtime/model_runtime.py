@@ -32,7 +32,7 @@ from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
 from milliserve.repository.autocomplete import complete_config
 from milliserve.runtime.adaptive import AdaptiveBatching
 from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
-from milliserve.runtime.deadline import LatencyEstimator
+from milliserve.runtime.deadline import LatencyEstimator, request_deadline
 from milliserve.runtime.executor import Executor, InstanceWorker
 from milliserve.runtime.stats import ModelStats
 from milliserve.runtime.validation import ModelIO, validate_request
@@ -46,7 +46,7 @@ COLOCATE_BELOW_S = 100e-6
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
-def _failure_reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, RequestError):
         return "REJECTED"
     if isinstance(exc, QueueFullError):
@@ -197,7 +197,12 @@ class ModelRuntime:
             c = caches or CacheFactory()
             model_inputs = {t.name for t in final.input}
             runtime.features = FeatureSet.from_config(
-                final.features, model_inputs, version_dir.parent, c.redis_url, c.timeout_s, c.backoff_s
+                final.features,
+                model_inputs,
+                version_dir.parent,
+                c.redis_url,
+                final.stage_budget_s("features") or c.timeout_s,  # Redis waits no longer than its stage
+                c.backoff_s,
             )
         tk = final.tokenizer
         if tk is not None:
@@ -294,7 +299,9 @@ class ModelRuntime:
                 request.inputs = self.tokenizer.apply(request.inputs)
                 stages["preprocess"] = time.perf_counter() - tp
             batch_size, signature = validate_request(request, self.io)
-            deadline = self._deadline(request, t0 / 1e9)
+            deadline = request_deadline(
+                request.deadline, request.parameters, t0 / 1e9, self._budget_s, self.policy.delay_on_timeout
+            )
             if deadline is not None:
                 self._deadlines = True
                 self._admit(deadline, batch_size)
@@ -314,7 +321,7 @@ class ModelRuntime:
                     0.0, elapsed / 1e9 - stages.get("queue", 0.0) - stages.get("infer", 0.0)
                 )
         except (MilliserveError, asyncio.CancelledError) as exc:
-            self.stats.record_request(time.perf_counter_ns() - t0, _failure_reason(exc))
+            self.stats.record_request(time.perf_counter_ns() - t0, failure_reason(exc))
             raise
         response = InferResponse(
             model_name=self.config.name,
@@ -337,27 +344,6 @@ class ModelRuntime:
         request.inputs = [*inputs, InferTensor(self.features.input, "FP32", tensor.shape, tensor)]
         stages["features"] = time.perf_counter() - t
         return notes
-
-    def _deadline(self, request: InferRequest, start: float) -> float | None:
-        """The earliest of the request's deadline (header or gRPC), its OIP ``timeout``
-        (µs), and, when it gives neither, the budget's p99."""
-        timeout = request.parameters.get("timeout") if request.parameters else None
-        if timeout is None:  # the common case, kept cheap: it runs on every request
-            if request.deadline is not None:
-                return request.deadline
-            return start + self._budget_s if self._budget_s is not None else None
-        found = [request.deadline] if request.deadline is not None else []
-        # with timeout_action DELAY a late request is still served, so its timeout is no deadline
-        if (
-            isinstance(timeout, int | float)
-            and not isinstance(timeout, bool)
-            and timeout > 0
-            and not self.policy.delay_on_timeout
-        ):
-            found.append(start + timeout / 1e6)
-        if not found and self._budget_s is not None:
-            found.append(start + self._budget_s)
-        return min(found) if found else None
 
     def _admit(self, deadline: float, batch_size: int) -> None:
         """Refuse at once a request that cannot finish in time (HTTP 429, gRPC DEADLINE_EXCEEDED)."""
@@ -481,16 +467,31 @@ class ModelRuntime:
                 it.future.set_result(outs)
 
     # ---- descriptions ----
+    def client_inputs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(name, datatype, dims) of what a client sends: the model's inputs, less those the
+        feature and tokenizer steps build, plus the entity ids and raw text they read."""
+        cfg = self.config
+        built: set[str] = set()
+        extra: list[tuple[str, str, tuple[int, ...]]] = []
+        if cfg.features is not None:
+            built.add(cfg.features.input)
+            if cfg.features.entity_input:
+                extra.append((cfg.features.entity_input, BYTES, (1,)))
+        if cfg.tokenizer is not None:
+            built.update(n for n in (cfg.tokenizer.ids, cfg.tokenizer.mask) if n)
+            extra.append((cfg.tokenizer.text_input, BYTES, (1,)))
+        return [(t.name, t.data_type, t.dims) for t in cfg.input if t.name not in built] + extra
+
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         batch = [-1] if self.config.max_batch_size > 0 else []
 
-        def tensors(section: tuple[Any, ...]) -> list[dict[str, Any]]:
-            return [{"name": t.name, "datatype": t.data_type, "shape": batch + list(t.dims)} for t in section]
+        def tensors(section: Any) -> list[dict[str, Any]]:
+            return [{"name": n, "datatype": d, "shape": batch + list(dims)} for n, d, dims in section]
 
         return {
             "name": self.config.name,
             "versions": versions,
             "platform": self.info.platform,
-            "inputs": tensors(self.config.input),
-            "outputs": tensors(self.config.output),
+            "inputs": tensors(self.client_inputs()),
+            "outputs": tensors((t.name, t.data_type, t.dims) for t in self.config.output),
         }

@@ -565,7 +565,7 @@ class ModelWarmup(_message.Message):
     def __init__(self, name: _Optional[str] = ..., batch_size: _Optional[int] = ..., inputs: _Optional[_Mapping[str, ModelWarmup.Input]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ModelConfig(_message.Message):
-    __slots__ = ("name", "platform", "version_policy", "max_batch_size", "input", "output", "instance_group", "dynamic_batching", "parameters", "model_warmup", "backend", "response_cache", "budget")
+    __slots__ = ("name", "platform", "version_policy", "max_batch_size", "input", "output", "instance_group", "dynamic_batching", "parameters", "model_warmup", "backend", "ensemble_scheduling", "response_cache", "budget", "features", "tokenizer")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -584,8 +584,11 @@ class ModelConfig(_message.Message):
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     MODEL_WARMUP_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    ENSEMBLE_SCHEDULING_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_CACHE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     name: str
     platform: str
     version_policy: ModelVersionPolicy
@@ -597,9 +600,146 @@ class ModelConfig(_message.Message):
     parameters: _containers.MessageMap[str, ModelParameter]
     model_warmup: _containers.RepeatedCompositeFieldContainer[ModelWarmup]
     backend: str
+    ensemble_scheduling: ModelEnsembling
     response_cache: ModelResponseCache
     budget: ModelBudget
-    def __init__(self, name: _Optional[str] = ..., platform: _Optional[str] = ..., version_policy: _Optional[_Union[ModelVersionPolicy, _Mapping]] = ..., max_batch_size: _Optional[int] = ..., input: _Optional[_Iterable[_Union[ModelInput, _Mapping]]] = ..., output: _Optional[_Iterable[_Union[ModelOutput, _Mapping]]] = ..., instance_group: _Optional[_Iterable[_Union[ModelInstanceGroup, _Mapping]]] = ..., dynamic_batching: _Optional[_Union[ModelDynamicBatching, _Mapping]] = ..., parameters: _Optional[_Mapping[str, ModelParameter]] = ..., model_warmup: _Optional[_Iterable[_Union[ModelWarmup, _Mapping]]] = ..., backend: _Optional[str] = ..., response_cache: _Optional[_Union[ModelResponseCache, _Mapping]] = ..., budget: _Optional[_Union[ModelBudget, _Mapping]] = ...) -> None: ...
+    features: ModelFeatures
+    tokenizer: ModelTokenizer
+    def __init__(self, name: _Optional[str] = ..., platform: _Optional[str] = ..., version_policy: _Optional[_Union[ModelVersionPolicy, _Mapping]] = ..., max_batch_size: _Optional[int] = ..., input: _Optional[_Iterable[_Union[ModelInput, _Mapping]]] = ..., output: _Optional[_Iterable[_Union[ModelOutput, _Mapping]]] = ..., instance_group: _Optional[_Iterable[_Union[ModelInstanceGroup, _Mapping]]] = ..., dynamic_batching: _Optional[_Union[ModelDynamicBatching, _Mapping]] = ..., parameters: _Optional[_Mapping[str, ModelParameter]] = ..., model_warmup: _Optional[_Iterable[_Union[ModelWarmup, _Mapping]]] = ..., backend: _Optional[str] = ..., ensemble_scheduling: _Optional[_Union[ModelEnsembling, _Mapping]] = ..., response_cache: _Optional[_Union[ModelResponseCache, _Mapping]] = ..., budget: _Optional[_Union[ModelBudget, _Mapping]] = ..., features: _Optional[_Union[ModelFeatures, _Mapping]] = ..., tokenizer: _Optional[_Union[ModelTokenizer, _Mapping]] = ...) -> None: ...
+
+class ModelEnsembling(_message.Message):
+    __slots__ = ("step",)
+    class Step(_message.Message):
+        __slots__ = ("model_name", "model_version", "input_map", "output_map", "model_namespace", "tokenizer", "features", "rules", "python")
+        class InputMapEntry(_message.Message):
+            __slots__ = ("key", "value")
+            KEY_FIELD_NUMBER: _ClassVar[int]
+            VALUE_FIELD_NUMBER: _ClassVar[int]
+            key: str
+            value: str
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+        class OutputMapEntry(_message.Message):
+            __slots__ = ("key", "value")
+            KEY_FIELD_NUMBER: _ClassVar[int]
+            VALUE_FIELD_NUMBER: _ClassVar[int]
+            key: str
+            value: str
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+        MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+        MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+        INPUT_MAP_FIELD_NUMBER: _ClassVar[int]
+        OUTPUT_MAP_FIELD_NUMBER: _ClassVar[int]
+        MODEL_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+        TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+        FEATURES_FIELD_NUMBER: _ClassVar[int]
+        RULES_FIELD_NUMBER: _ClassVar[int]
+        PYTHON_FIELD_NUMBER: _ClassVar[int]
+        model_name: str
+        model_version: int
+        input_map: _containers.ScalarMap[str, str]
+        output_map: _containers.ScalarMap[str, str]
+        model_namespace: str
+        tokenizer: ModelTokenizer
+        features: ModelFeatures
+        rules: ModelRules
+        python: ModelPythonStep
+        def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[int] = ..., input_map: _Optional[_Mapping[str, str]] = ..., output_map: _Optional[_Mapping[str, str]] = ..., model_namespace: _Optional[str] = ..., tokenizer: _Optional[_Union[ModelTokenizer, _Mapping]] = ..., features: _Optional[_Union[ModelFeatures, _Mapping]] = ..., rules: _Optional[_Union[ModelRules, _Mapping]] = ..., python: _Optional[_Union[ModelPythonStep, _Mapping]] = ...) -> None: ...
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    step: _containers.RepeatedCompositeFieldContainer[ModelEnsembling.Step]
+    def __init__(self, step: _Optional[_Iterable[_Union[ModelEnsembling.Step, _Mapping]]] = ...) -> None: ...
+
+class ModelFeatureSource(_message.Message):
+    __slots__ = ("table", "key", "redis_prefix")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REDIS_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: str
+    redis_prefix: str
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., redis_prefix: _Optional[str] = ...) -> None: ...
+
+class ModelFeatures(_message.Message):
+    __slots__ = ("input", "names", "source", "defaults", "entity_parameter", "entity_input", "on_unavailable")
+    class DefaultsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULTS_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_PARAMETER_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_INPUT_FIELD_NUMBER: _ClassVar[int]
+    ON_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    input: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    source: ModelFeatureSource
+    defaults: _containers.ScalarMap[str, float]
+    entity_parameter: str
+    entity_input: str
+    on_unavailable: str
+    def __init__(self, input: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., source: _Optional[_Union[ModelFeatureSource, _Mapping]] = ..., defaults: _Optional[_Mapping[str, float]] = ..., entity_parameter: _Optional[str] = ..., entity_input: _Optional[str] = ..., on_unavailable: _Optional[str] = ...) -> None: ...
+
+class ModelTokenizer(_message.Message):
+    __slots__ = ("file", "text_input", "ids", "mask", "max_length")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_INPUT_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    MASK_FIELD_NUMBER: _ClassVar[int]
+    MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    file: str
+    text_input: str
+    ids: str
+    mask: str
+    max_length: int
+    def __init__(self, file: _Optional[str] = ..., text_input: _Optional[str] = ..., ids: _Optional[str] = ..., mask: _Optional[str] = ..., max_length: _Optional[int] = ...) -> None: ...
+
+class ModelRules(_message.Message):
+    __slots__ = ("input", "output", "column", "thresholds", "default", "labels", "score_output")
+    class Threshold(_message.Message):
+        __slots__ = ("at_least", "label")
+        AT_LEAST_FIELD_NUMBER: _ClassVar[int]
+        LABEL_FIELD_NUMBER: _ClassVar[int]
+        at_least: float
+        label: str
+        def __init__(self, at_least: _Optional[float] = ..., label: _Optional[str] = ...) -> None: ...
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    COLUMN_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    input: str
+    output: str
+    column: int
+    thresholds: _containers.RepeatedCompositeFieldContainer[ModelRules.Threshold]
+    default: str
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    score_output: str
+    def __init__(self, input: _Optional[str] = ..., output: _Optional[str] = ..., column: _Optional[int] = ..., thresholds: _Optional[_Iterable[_Union[ModelRules.Threshold, _Mapping]]] = ..., default: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., score_output: _Optional[str] = ...) -> None: ...
+
+class ModelPythonStep(_message.Message):
+    __slots__ = ("function", "inputs", "outputs", "parameters")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    parameters: _containers.ScalarMap[str, str]
+    def __init__(self, function: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ModelBudget(_message.Message):
     __slots__ = ("p99_ms", "stages")

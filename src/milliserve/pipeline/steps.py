@@ -1,0 +1,247 @@
+"""The steps of a pipeline (``platform: ensemble``). Each step reads named tensors from the
+request's working set and writes its results back under new names:
+
+- ``model``: a model of the repository, through its own batcher, cache and deadline checks
+  (Triton's ``model_name`` / ``input_map`` / ``output_map``);
+- ``tokenizer``: raw text (BYTES) to token ids and mask, Rust ``tokenizers``, whole batch at once;
+- ``features``: entity ids to a feature tensor, from a table or Redis;
+- ``rules``: a score to a label (thresholds, or the largest of named columns);
+- ``python``: a custom ``package.module:function`` over numpy arrays.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from milliserve.config.model_config import PipelineStep, PythonStep, Rules
+from milliserve.errors import BackendError, ConfigError, MilliserveError
+from milliserve.features.store import FeatureSet
+from milliserve.features.tokenize import TokenizerStep
+from milliserve.protocol.datatypes import numpy_to_oip
+from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
+
+__all__ = [
+    "FetchFeatures",
+    "ModelCall",
+    "PythonCall",
+    "RulesStep",
+    "Step",
+    "StepContext",
+    "Tensors",
+    "Tokenize",
+]
+
+Tensors = dict[str, InferTensor]
+
+
+@dataclass(slots=True)
+class StepContext:
+    """What one request carries through the steps besides its tensors."""
+
+    request_id: str
+    parameters: dict[str, Any]
+    deadline: float | None
+    stages: dict[str, float]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class Step(Protocol):
+    name: str  # for messages: "step 2 (model fraud_mlp)"
+    stage: str  # where its time goes in Server-Timing; "" when it records its own stages
+    needs: tuple[str, ...]
+    makes: tuple[str, ...]
+
+    async def run(self, tensors: Tensors, ctx: StepContext) -> None: ...
+
+
+class _Named:
+    name: str
+    stage: str
+    needs: tuple[str, ...]
+    makes: tuple[str, ...]
+
+
+def tensor(name: str, data: np.ndarray[Any, Any]) -> InferTensor:
+    return InferTensor(name, numpy_to_oip(data.dtype), tuple(data.shape), data)
+
+
+class Tokenize(_Named):
+    def __init__(self, name: str, step: TokenizerStep) -> None:
+        self.name, self.stage, self.step = name, "preprocess", step
+        self.needs = (step.text_input,)
+        self.makes = (step.ids,) + ((step.mask,) if step.mask else ())
+
+    async def run(self, tensors: Tensors, ctx: StepContext) -> None:
+        for t in self.step.apply([tensors[self.step.text_input]]):
+            tensors[t.name] = t
+
+
+class FetchFeatures(_Named):
+    def __init__(self, name: str, features: FeatureSet) -> None:
+        self.name, self.stage, self.features = name, "features", features
+        self.needs = (features.entity_input,) if features.entity_input else ()
+        self.makes = (features.input,)
+
+    async def run(self, tensors: Tensors, ctx: StepContext) -> None:
+        f = self.features
+        ids, _ = f.entity_ids([tensors[n] for n in self.needs], ctx.parameters)
+        values, notes = await f.assemble(ids)
+        tensors[f.input] = InferTensor(f.input, "FP32", values.shape, values)
+        ctx.notes.update(notes)
+
+
+class RulesStep(_Named):
+    """Thresholds checked in order (the first one the score reaches wins), or argmax over
+    labelled columns; the label is a BYTES tensor shaped like the score plus a trailing 1."""
+
+    def __init__(self, name: str, rules: Rules) -> None:
+        self.name, self.stage, self.rules = name, "postprocess", rules
+        self.needs = (rules.input,)
+        self.makes = (rules.output,) + ((rules.score_output,) if rules.score_output else ())
+        if rules.labels:
+            self._labels = np.array([s.encode() for s in rules.labels], dtype=object)
+        else:
+            self._bounds = np.array([t.at_least for t in rules.thresholds])
+            # index i = the first threshold reached; the last index is the default
+            self._labels = np.array(
+                [t.label.encode() for t in rules.thresholds] + [rules.default.encode()], dtype=object
+            )
+
+    async def run(self, tensors: Tensors, ctx: StepContext) -> None:
+        r = self.rules
+        x = np.asarray(tensors[r.input].data)
+        if x.dtype.kind not in "fiu":
+            raise BackendError(f"{self.name}: input {r.input!r} is {x.dtype}, not a numeric score")
+        x = x.reshape((*x.shape, 1)) if x.ndim == 1 else x
+        width = x.shape[-1]
+        if r.labels:
+            if width != len(r.labels):
+                raise BackendError(
+                    f"{self.name}: {r.input!r} has {width} columns but rules.labels names {len(r.labels)}"
+                )
+            index = x.argmax(-1)
+            score = x.max(-1)
+        else:
+            if r.column >= width:
+                raise BackendError(f"{self.name}: {r.input!r} has no column {r.column} (width {width})")
+            score = x[..., r.column]
+            # compare in the score's precision: float32(0.9) reaches a threshold of 0.9
+            bounds = self._bounds.astype(score.dtype) if score.dtype.kind == "f" else self._bounds
+            reached = score[..., None] >= bounds
+            # argmax finds the first True; rows with none reached get the default
+            index = np.where(reached.any(-1), reached.argmax(-1), len(self._bounds))
+        tensors[r.output] = tensor(r.output, self._labels[index][..., None])
+        if r.score_output:
+            tensors[r.score_output] = tensor(r.score_output, score[..., None].astype(np.float32))
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """``package.module:function`` imported now, so a typo fails the load, not a request."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"python step {spec!r}: cannot import {module_name!r}: {exc}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"python step {spec!r}: {module_name} has no function {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+class PythonCall(_Named):
+    """``fn(inputs: dict[str, ndarray], parameters: dict[str, str]) -> dict[str, ndarray]``, sync
+    (run on the event loop: keep it vectorised and short) or ``async``. It may raise
+    milliserve's InvalidInputError for a bad request; any other exception is a 500."""
+
+    def __init__(self, name: str, spec: PythonStep, stage: str) -> None:
+        self.name, self.stage, self.spec = name, stage, spec
+        self.needs, self.makes = spec.inputs, spec.outputs
+        self.fn = load_function(spec.function)
+        self._async = inspect.iscoroutinefunction(self.fn)
+        self._params = dict(spec.parameters)
+
+    async def run(self, tensors: Tensors, ctx: StepContext) -> None:
+        inputs = {n: tensors[n].data for n in self.needs}
+        try:
+            result = self.fn(inputs, self._params)
+            if self._async:
+                result = await result
+        except MilliserveError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"{self.name} ({self.spec.function}) failed: {exc!r}") from exc
+        if not isinstance(result, Mapping):
+            raise BackendError(
+                f"{self.name} ({self.spec.function}) returned {type(result).__name__}, not a dict"
+            )
+        missing = [n for n in self.makes if n not in result]
+        if missing:
+            raise BackendError(f"{self.name} ({self.spec.function}) did not return {missing}")
+        for n in self.makes:
+            tensors[n] = tensor(n, np.asarray(result[n]))
+
+
+class ModelCall(_Named):
+    """A model of the repository, looked up per request so that a reload is picked up."""
+
+    def __init__(
+        self,
+        name: str,
+        step: PipelineStep,
+        model_inputs: list[str],
+        model_outputs: list[str],
+        get: Callable[[str, str], Any],
+    ) -> None:
+        self.name, self.stage = name, ""
+        self.model = step.model_name
+        self.version = "" if step.model_version < 0 else str(step.model_version)
+        unknown_in = sorted(set(step.input_map) - set(model_inputs))
+        unknown_out = sorted(set(step.output_map) - set(model_outputs))
+        if unknown_in or unknown_out:
+            raise ConfigError(
+                f"{name}: model {self.model!r} has inputs {model_inputs} and outputs "
+                f"{model_outputs}; input_map names {unknown_in or 'none'} and output_map "
+                f"{unknown_out or 'none'} not among them"
+            )
+        # model input -> pipeline tensor (unmapped inputs read the tensor of the same name)
+        self.inputs = [(m, step.input_map.get(m, m)) for m in model_inputs]
+        # model output -> pipeline tensor (no output_map: every output under its own name)
+        self.outputs = dict(step.output_map) if step.output_map else {m: m for m in model_outputs}
+        self.needs = tuple(src for _, src in self.inputs)
+        self.makes = tuple(self.outputs.values())
+        self._requested = [RequestedOutput(m) for m in self.outputs]
+        self._get = get
+
+    async def run(self, tensors: Tensors, ctx: StepContext) -> None:
+        inputs = []
+        for model_input, src in self.inputs:
+            t = tensors[src]
+            inputs.append(InferTensor(model_input, t.datatype, t.shape, t.data))
+        request = InferRequest(
+            self.model,
+            self.version,
+            inputs,
+            id=ctx.request_id,
+            outputs=list(self._requested),
+            parameters=ctx.parameters,
+            deadline=ctx.deadline,
+        )
+        try:
+            response: InferResponse = await self._get(self.model, self.version).infer(request)
+        except MilliserveError as exc:
+            raise type(exc)(f"{self.name}: {exc.message}") from None
+        for t in response.outputs:
+            dest = self.outputs[t.name]
+            tensors[dest] = InferTensor(dest, t.datatype, t.shape, t.data)
+        stages = ctx.stages
+        for k, v in response.timings.items():
+            stages[k] = stages.get(k, 0.0) + v
+        if response.record_stages is not None:  # the model's own stage histograms
+            response.record_stages(response.timings)
+        ctx.notes.update(response.parameters)

@@ -1,0 +1,238 @@
+"""The example pipelines through a real server and Triton's clients: ``fraud`` (features from
+the in-process table, a custom Python step, the MLP, rules) and ``sentiment`` (Rust tokenizer,
+MiniLM, a head, rules), checked against the same steps computed here."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tokenizers import Tokenizer
+
+from milliserve.examples.fraud import USER_FEATURES
+from milliserve.testing import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _expected_fraud(repo: Path, users: list[str], tx: np.ndarray[Any, Any]) -> tuple[list[str], Any]:
+    with (repo / "fraud" / "users.csv").open() as f:
+        table = {r["user_id"]: [float(r[n]) for n in USER_FEATURES] for r in csv.DictReader(f)}
+    rows = np.array([table.get(u, [0.0] * len(USER_FEATURES)) for u in users], np.float32)
+    x = np.concatenate([tx, rows], axis=1)
+    p = _session(repo / "fraud_mlp" / "1" / "model.onnx").run(None, {"features": x})[0][:, 1]
+    labels = [
+        "decline" if s >= np.float32(0.9) else "review" if s >= np.float32(0.5) else "approve" for s in p
+    ]
+    return labels, p
+
+
+def _fraud_inputs(module: Any, users: list[str], tx: np.ndarray[Any, Any]) -> list[Any]:
+    uid = module.InferInput("user_id", [len(users), 1], "BYTES")
+    uid.set_data_from_numpy(np.array([[u.encode()] for u in users], dtype=object))
+    t = module.InferInput("transaction", list(tx.shape), "FP32")
+    t.set_data_from_numpy(tx)
+    return [uid, t]
+
+
+def test_fraud_pipeline_matches_its_steps_over_http_and_grpc(
+    server: ServerProcess, example_repo: Path
+) -> None:
+    rng = np.random.default_rng(7)
+    tx = (rng.normal(size=(48, 4)) * 1.5).astype(np.float32)
+    users = [f"u{i:04d}" for i in rng.integers(0, 1000, size=44)] + ["ghost-1", "ghost-2", "u9999", "x"]
+    labels, scores = _expected_fraud(example_repo, users, tx)
+    assert {"approve", "review", "decline"} <= set(labels)  # the data exercises every rule
+    with httpclient.InferenceServerClient(server.http_url) as http:
+        result = http.infer("fraud", _fraud_inputs(httpclient, users, tx))
+        assert [v.decode() for v in result.as_numpy("decision")[:, 0]] == labels
+        np.testing.assert_allclose(result.as_numpy("fraud_score")[:, 0], scores, atol=1e-5)
+        assert result.get_response()["parameters"]["features_defaulted"] == "4 unknown entities"
+        meta = http.get_model_metadata("fraud")
+        assert meta["platform"] == "ensemble"
+        assert [i["name"] for i in meta["inputs"]] == ["user_id", "transaction"]
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    result = grpc.infer("fraud", _fraud_inputs(grpcclient, users[:4], tx[:4]))
+    assert [v.decode() for v in result.as_numpy("decision")[:, 0]] == labels[:4]
+    config = grpc.get_model_config("fraud").config  # Triton's own message: our step fields skipped
+    assert config.platform == "ensemble"
+    assert [s.model_name for s in config.ensemble_scheduling.step] == ["", "", "fraud_mlp", ""]
+    grpc.close()
+
+
+def test_sentiment_pipeline_raw_text_to_label(server: ServerProcess, example_repo: Path) -> None:
+    texts = [
+        "I love this, best day of my life!",
+        "this is awful, I hate waiting in line for hours",
+        "the train was late again",
+    ]
+    tok = Tokenizer.from_file(str(example_repo / "sentiment" / "tokenizer.json"))
+    tok.enable_truncation(128)
+    tok.enable_padding(pad_id=0)
+    enc = tok.encode_batch(texts)
+    feeds = {
+        "input_ids": np.array([e.ids for e in enc], np.int64),
+        "attention_mask": np.array([e.attention_mask for e in enc], np.int64),
+    }
+    emb = _session(example_repo / "minilm" / "1" / "model.onnx").run(None, feeds)[0]
+    probs = _session(example_repo / "sentiment_head" / "1" / "model.onnx").run(None, {"embedding": emb})[0]
+    with httpclient.InferenceServerClient(server.http_url) as http:
+        text = httpclient.InferInput("TEXT", [3, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+        result = http.infer("sentiment", [text])
+    got = [v.decode() for v in result.as_numpy("label")[:, 0]]
+    assert got == [("negative", "positive")[i] for i in probs.argmax(1)]
+    assert got[:2] == ["positive", "negative"]
+    np.testing.assert_allclose(result.as_numpy("score")[:, 0], probs.max(1), atol=1e-4)
+
+
+def _stages(header: str) -> dict[str, float]:
+    return {k: float(v.split("=")[1]) for k, v in (p.strip().split(";") for p in header.split(","))}
+
+
+def test_pipeline_stages_deadlines_and_batching(server: ServerProcess) -> None:
+    base = f"http://{server.http_url}/v2/models"
+    body = {
+        "inputs": [
+            {"name": "user_id", "datatype": "BYTES", "shape": [1, 1], "data": ["u0001"]},
+            {"name": "transaction", "datatype": "FP32", "shape": [1, 4], "data": [0.1, 0.2, 0.3, 0.4]},
+        ]
+    }
+    with httpx.Client() as c:
+        r = c.post(f"{base}/fraud/infer", json=body)
+        assert r.status_code == 200, r.text
+        stages = _stages(r.headers["server-timing"])
+        total = stages.pop("total")
+        assert list(stages) == [
+            "parse",
+            "features",
+            "preprocess",
+            "queue",
+            "infer",
+            "postprocess",
+            "serialize",
+        ]
+        assert sum(stages.values()) == pytest.approx(total, rel=0.25, abs=0.05)
+
+        def executions(model: str) -> int:
+            return int(c.get(f"{base}/{model}/stats").json()["model_stats"][0]["execution_count"])
+
+        before = executions("fraud_mlp")
+        late = c.post(f"{base}/fraud/infer", json=body, headers={"x-request-deadline-ms": "0.001"})
+        assert late.status_code == 429, late.text
+        assert "step 3 (model fraud_mlp)" in late.json()["error"] and "not run" in late.json()["error"]
+        assert executions("fraud_mlp") == before  # refused before any compute
+
+        # concurrent pipeline requests meet at the model's batcher
+        text = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["so so"]}]}
+        before_minilm = executions("minilm")
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(
+                pool.map(lambda _: c.post(f"{base}/sentiment/infer", json=text).status_code, range(48))
+            )
+        assert codes == [200] * 48
+        assert executions("minilm") - before_minilm < 48
+
+
+def test_pipeline_dependencies_load_first_and_failures_are_named(tmp_path: Path, write_add_sub: Any) -> None:
+    write_add_sub(tmp_path, dims=("batch", 2))
+    good = """
+name: doubled
+platform: ensemble
+max_batch_size: 8
+input: [{name: x, data_type: TYPE_FP32, dims: [2]}]
+output: [{name: y, data_type: TYPE_FP32, dims: [2]}]
+ensemble_scheduling:
+  step:
+    - {model_name: add_sub, input_map: {INPUT0: x, INPUT1: x}, output_map: {OUTPUT0: y}}
+"""
+    for name, text in {
+        "doubled": good,
+        "missing_model": good.replace("doubled", "missing_model").replace("add_sub", "nothere"),
+        "bad_function": good.replace("doubled", "bad_function").replace(
+            "- {model_name",
+            "- {python: {function: 'nowhere:fn', inputs: [x], outputs: [z]}}\n    - {model_name",
+        ),
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(text)
+    # explicit mode, only the pipeline named: its model is loaded first, on its own
+    loads = [a for name in ("doubled", "missing_model", "bad_function") for a in ("--load-model", name)]
+    with (
+        ServerProcess(tmp_path, "--model-control-mode", "explicit", *loads) as server,
+        httpx.Client() as c,
+    ):
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.5, -2]}]}
+        r = c.post(f"http://{server.http_url}/v2/models/doubled/infer", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == [3.0, -4.0]
+        index = {m["name"]: m for m in c.post(f"http://{server.http_url}/v2/repository/index").json()}
+    assert index["add_sub"]["state"] == "READY"
+    assert index["missing_model"]["state"] == "UNAVAILABLE"
+    assert "calls model 'nothere', which is not in the repository" in index["missing_model"]["reason"]
+    assert "cannot import 'nowhere'" in index["bad_function"]["reason"]
+
+
+def test_fraud_features_from_redis_wait_no_longer_than_their_budget(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """The same pipeline reading Redis hashes. The server's Redis timeout is set to 2 s, but
+    the budget gives the features stage 5 ms: a Redis stuck in DEBUG SLEEP costs a request
+    about that, not the server-wide timeout, and the users' defaults are used (and said)."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import redis
+
+    from milliserve.testing import RedisServer
+
+    repo = tmp_path / "repo"
+    for name in ("fraud", "fraud_mlp"):
+        shutil.copytree(example_repo / name, repo / name)
+    config = repo / "fraud" / "config.pbtxt"
+    text = config.read_text()
+    assert 'source { table: "users.csv" key: "user_id" }' in text
+    config.write_text(text.replace('table: "users.csv"', 'redis_prefix: "user:"'))
+    users, tx = ["u0003", "u0004"], np.array([[0.5, 0.5, 0.5, 0.5], [2.0, 1.0, 0.0, 0.0]], np.float32)
+    labels, scores = _expected_fraud(example_repo, users, tx)
+    with RedisServer() as redis_server:
+        load = [sys.executable, "-m", "milliserve", "features", "load", str(repo / "fraud" / "users.csv")]
+        load += ["--redis", redis_server.url, "--key", "user_id", "--prefix", "user:"]
+        subprocess.run(load, check=True, capture_output=True, timeout=60)
+        env = {**os.environ, "MILLISERVE_REDIS__TIMEOUT_MS": "2000", "MILLISERVE_REDIS__BACKOFF_S": "0"}
+        with (
+            ServerProcess(repo, "--redis-url", redis_server.url, env=env) as server,
+            httpclient.InferenceServerClient(server.http_url) as http,
+        ):
+            result = http.infer("fraud", _fraud_inputs(httpclient, users, tx))
+            assert [v.decode() for v in result.as_numpy("decision")[:, 0]] == labels
+            np.testing.assert_allclose(result.as_numpy("fraud_score")[:, 0], scores, atol=1e-5)
+            assert "parameters" not in result.get_response()
+
+            blocker = redis.Redis.from_url(redis_server.url)
+            sleeper = threading.Thread(target=lambda: blocker.execute_command("DEBUG", "SLEEP", "1"))
+            sleeper.start()
+            time.sleep(0.1)
+            t0 = time.perf_counter()
+            slow = http.infer("fraud", _fraud_inputs(httpclient, users, tx))
+            waited = time.perf_counter() - t0
+            sleeper.join()
+            blocker.close()
+    assert slow.get_response()["parameters"]["features_defaulted"] == "feature store unavailable"
+    assert waited < 0.25, f"waited {waited:.3f}s for a stuck Redis; the budget allows 5 ms"
