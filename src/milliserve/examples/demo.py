@@ -2,7 +2,9 @@
 
 Build the example repository, serve it in a subprocess on free loopback ports,
 send requests with Triton's own client (``tritonclient``, HTTP binary, HTTP
-JSON and gRPC), and print a latency summary. Needs the ``client`` extra.
+JSON and gRPC), and print a latency summary: the fraud MLP and MiniLM as models, and
+the ``fraud`` and ``sentiment`` pipelines (features from the in-process table, no Redis).
+Needs the ``client`` extra.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from milliserve.examples.build import build_examples
+from milliserve.examples.fraud import TRANSACTION
 from milliserve.examples.fraud_mlp import FEATURES
 from milliserve.examples.minilm import tokenizer_path
 from milliserve.testing import ServerProcess
@@ -120,6 +123,59 @@ def run_demo(repo: Path, requests: int = 300, log: Any = print) -> list[LatencyS
             LatencySummary.of("minilm grpc", *_timed(lambda: embed(next(counter)), max(20, requests // 10)))
         )
         log(f"minilm cosine('love ... quickly', 'slowest ... ever') = {float(e_pos @ e_neg):.3f}")
+        summaries += _pipelines(http, grpc, requests, log)
         http.close()
         grpc.close()
+    return summaries
+
+
+def _pipelines(http: Any, grpc: Any, requests: int, log: Any) -> list[LatencySummary]:
+    """The two example pipelines: fraud (features from the in-process table, the MLP, rules)
+    over HTTP, sentiment (raw text in) over gRPC."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    rng = np.random.default_rng(1)
+    cases = [
+        (f"u{i:04d}", rng.normal(size=(1, len(TRANSACTION))).astype(np.float32) * 1.5) for i in range(50)
+    ]
+    cases.append(("new-customer", np.array([[3.0, 2.0, 1.0, 1.0]], np.float32)))
+
+    def fraud(i: int) -> tuple[str, float]:
+        user, tx = cases[i % len(cases)]
+        uid = httpclient.InferInput("user_id", [1, 1], "BYTES")
+        uid.set_data_from_numpy(np.array([[user.encode()]], dtype=object))
+        t = httpclient.InferInput("transaction", [1, len(TRANSACTION)], "FP32")
+        t.set_data_from_numpy(tx)
+        r = http.infer("fraud", [uid, t])
+        return r.as_numpy("decision")[0, 0].decode(), float(r.as_numpy("fraud_score")[0, 0])
+
+    decisions = [fraud(i)[0] for i in range(len(cases))]
+    if not set(decisions) <= {"approve", "review", "decline"}:
+        raise RuntimeError(f"the fraud pipeline answered {sorted(set(decisions))}")
+    counts = {d: decisions.count(d) for d in ("approve", "review", "decline")}
+    log(f"fraud pipeline over {len(cases)} transactions: {counts}")
+    counter = iter(range(10**9))
+    summaries = [LatencySummary.of("fraud pipeline http", *_timed(lambda: fraud(next(counter)), requests))]
+
+    def sentiment(i: int) -> tuple[str, float]:
+        text = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[SENTENCES[i % len(SENTENCES)].encode()]], dtype=object))
+        r = grpc.infer("sentiment", [text])
+        return r.as_numpy("label")[0, 0].decode(), float(r.as_numpy("score")[0, 0])
+
+    (pos, pos_score), (neg, neg_score) = sentiment(4), sentiment(5)
+    if (pos, neg) != ("positive", "negative"):
+        raise RuntimeError(
+            f"the sentiment pipeline labelled a clear positive {pos} and a clear negative {neg}"
+        )
+    log(
+        f"sentiment: {SENTENCES[4]!r} -> {pos} ({pos_score:.2f}); {SENTENCES[5]!r} -> {neg} ({neg_score:.2f})"
+    )
+    counter = iter(range(10**9))
+    summaries.append(
+        LatencySummary.of(
+            "sentiment pipeline grpc", *_timed(lambda: sentiment(next(counter)), max(20, requests // 10))
+        )
+    )
     return summaries
