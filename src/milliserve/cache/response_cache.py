@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from milliserve.protocol.raw import array_from_raw, array_to_raw
 from milliserve.protocol.types import InferRequest, InferTensor
-from milliserve.redis_client import redis_client
+from milliserve.redis_client import Breaker, error_reason, redis_client
 
 __all__ = [
     "CacheFactory",
@@ -159,14 +159,14 @@ class RedisBackend:
         self.backoff_s = backoff_s
         self.prefix = prefix
         self._client = redis_client(url, timeout_s)
-        self._skip_until = 0.0
+        self.breaker = Breaker("response cache (redis)", backoff_s)
 
     @property
     def available(self) -> bool:
-        return time.monotonic() >= self._skip_until
+        return self.breaker.available
 
-    def failed(self) -> None:
-        self._skip_until = time.monotonic() + self.backoff_s
+    def failed(self, exc: BaseException) -> None:
+        self.breaker.failed(exc)
 
     async def get(self, key: str) -> bytes | None:
         value = await asyncio.wait_for(self._client.get(self.prefix + key), self.timeout_s)
@@ -192,25 +192,21 @@ class CacheStats:
 class ResponseCache:
     """One model version's cache. ``get_or_compute`` is the only entry point."""
 
-    def __init__(self, backend: Backend, ttl_s: float, log_interval_s: float = 10.0) -> None:
+    def __init__(self, backend: Backend, ttl_s: float) -> None:
         self.backend = backend
         self.ttl_s = ttl_s
         self.stats = CacheStats()
         self._inflight: dict[str, asyncio.Future[list[InferTensor]]] = {}
-        self._log_interval_s = log_interval_s
-        self._last_log = -1e9
 
     def _error(self, exc: BaseException) -> None:
-        reason = "timeout" if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) else type(exc).__name__
+        """Count the failure for this model; the backend's breaker backs off and logs."""
+        reason = error_reason(exc)
         self.stats.errors[reason] = self.stats.errors.get(reason, 0) + 1
         failed = getattr(self.backend, "failed", None)
         if failed is not None:
-            failed()
-        now = time.monotonic()
-        if now - self._last_log >= self._log_interval_s:
-            self._last_log = now
-            total = sum(self.stats.errors.values())
-            log.warning("response cache (%s) bypassed: %s (%d errors so far)", self.backend.name, exc, total)
+            failed(exc)
+        else:
+            log.warning("response cache (%s) failed: %s", self.backend.name, exc)
 
     async def _lookup(self, key: str) -> list[InferTensor] | None:
         if not getattr(self.backend, "available", True):

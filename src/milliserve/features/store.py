@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +21,7 @@ import numpy as np
 
 from milliserve.config.model_config import Features
 from milliserve.errors import ConfigError, UnavailableError
-from milliserve.redis_client import redis_client
+from milliserve.redis_client import Breaker, redis_client
 
 __all__ = [
     "FeatureLookup",
@@ -99,12 +98,10 @@ class RedisFeatures:
     ) -> None:
         self.prefix, self.names, self.timeout_s, self.backoff_s = prefix, names, timeout_s, backoff_s
         self._client = redis_client(url, timeout_s)
-        self._skip_until = 0.0
-        self._last_log = -1e9
-        self.errors = 0
+        self.breaker = Breaker("feature store (redis)", backoff_s)
 
     async def fetch(self, ids: list[str]) -> tuple[list[list[float] | None], bool]:
-        if time.monotonic() < self._skip_until:
+        if not self.breaker.available:
             return [None] * len(ids), True
         try:
             pipe = self._client.pipeline(transaction=False)
@@ -112,12 +109,7 @@ class RedisFeatures:
                 pipe.hmget(self.prefix + i, self.names)
             replies = await asyncio.wait_for(pipe.execute(), self.timeout_s)
         except Exception as exc:  # down, slow, broken: the caller decides (defaults or fail)
-            self.errors += 1
-            self._skip_until = time.monotonic() + self.backoff_s
-            now = time.monotonic()
-            if now - self._last_log > 10:
-                self._last_log = now
-                log.warning("feature store (redis) unavailable: %s (%d errors so far)", exc, self.errors)
+            self.breaker.failed(exc)
             return [None] * len(ids), True
         rows: list[list[float] | None] = []
         for values in replies:

@@ -187,3 +187,18 @@ def test_slow_redis_never_stalls_a_request(redis_server: RedisServer) -> None:
         await backend.close()
 
     asyncio.run(main())
+
+
+def test_breaker_backs_off_and_logs_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    from milliserve.redis_client import Breaker, error_reason
+
+    breaker = Breaker("thing", backoff_s=0.05, log_interval_s=60)
+    assert breaker.available
+    with caplog.at_level("WARNING"):
+        breaker.failed(TimeoutError())
+        breaker.failed(ConnectionError("refused"))
+    assert not breaker.available and breaker.errors == 2
+    assert len([r for r in caplog.records if "thing unavailable" in r.getMessage()]) == 1
+    time.sleep(0.06)
+    assert breaker.available
+    assert error_reason(TimeoutError()) == "timeout" and error_reason(OSError()) == "OSError"
