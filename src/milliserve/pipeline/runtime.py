@@ -35,7 +35,7 @@ from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
 from milliserve.runtime.deadline import request_deadline
 from milliserve.runtime.model_runtime import failure_reason
 from milliserve.runtime.stats import ModelStats
-from milliserve.runtime.validation import ModelIO, validate_request
+from milliserve.runtime.validation import model_io, validate_request
 
 __all__ = ["PipelineRuntime"]
 
@@ -108,13 +108,7 @@ class PipelineRuntime:
         self.version = version
         self.label = f"{config.name}:{version}"
         self.steps = steps
-        self.io = ModelIO(
-            label=config.name,
-            inputs={t.name: t.spec() for t in config.input},
-            outputs={t.name: t.spec() for t in config.output},
-            max_batch_size=config.max_batch_size,
-            allow_nonfinite=config.flag("allow_nonfinite_inputs"),
-        )
+        self.io = model_io(config)
         self._outputs = {t.name: t.data_type for t in config.output}
         self.stats = ModelStats(config.name, version)
         self.cache: ResponseCache | None = None

@@ -35,7 +35,7 @@ from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
 from milliserve.runtime.deadline import LatencyEstimator, request_deadline
 from milliserve.runtime.executor import Executor, InstanceWorker
 from milliserve.runtime.stats import ModelStats
-from milliserve.runtime.validation import ModelIO, validate_request
+from milliserve.runtime.validation import model_io, validate_request
 
 __all__ = ["MODEL_FILENAME", "ModelRuntime"]
 
@@ -119,13 +119,7 @@ class ModelRuntime:
         self.label = f"{config.name}:{version}"
         self._backends = backends
         self._executor = executor
-        self.io = ModelIO(
-            label=config.name,
-            inputs={t.name: t.spec() for t in config.input},
-            outputs={t.name: t.spec() for t in config.output},
-            max_batch_size=config.max_batch_size,
-            allow_nonfinite=config.flag("allow_nonfinite_inputs"),
-        )
+        self.io = model_io(config)
         self._output_names = [t.name for t in config.output]
         # Opt-in, for models that run in microseconds: run on the event loop thread and skip
         # the thread hand-off (~50 µs on a 2-vCPU VM), at the price of blocking the loop.

@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from milliserve.config.model_config import ModelConfig
 from milliserve.errors import InvalidInputError
 from milliserve.protocol.types import InferRequest, TensorSpec
 
-__all__ = ["ModelIO", "Signature", "validate_request"]
+__all__ = ["ModelIO", "Signature", "model_io", "validate_request"]
 
 # Requests with equal signatures can be concatenated along the batch dimension.
 Signature = tuple[tuple[str, tuple[int, ...]], ...]
@@ -27,6 +28,17 @@ class ModelIO:
     outputs: dict[str, TensorSpec]
     max_batch_size: int
     allow_nonfinite: bool = False
+
+
+def model_io(config: ModelConfig) -> ModelIO:
+    """What validation needs, from a model's (or pipeline's) config."""
+    return ModelIO(
+        label=config.name,
+        inputs={t.name: t.spec() for t in config.input},
+        outputs={t.name: t.spec() for t in config.output},
+        max_batch_size=config.max_batch_size,
+        allow_nonfinite=config.flag("allow_nonfinite_inputs"),
+    )
 
 
 def _expected(io: ModelIO, spec: TensorSpec) -> list[int]:
