@@ -80,3 +80,19 @@ def test_invalid_requests_name_the_offending_input(
 def test_nonfinite_inputs_can_be_allowed() -> None:
     io = ModelIO(IO.label, IO.inputs, IO.outputs, IO.max_batch_size, allow_nonfinite=True)
     validate_request(req(t("features", "FP32", (1, 64), np.inf), t("ids", "INT64", (1, 1))), io)
+
+
+def test_the_one_input_fast_path_agrees_with_the_general_check() -> None:
+    io = ModelIO("one", {"x": TensorSpec("x", "FP32", (3,))}, {}, max_batch_size=4)
+    ok = InferRequest("one", "", [InferTensor("x", "FP32", (2, 3), np.zeros((2, 3), np.float32))])
+    assert validate_request(ok, io) == (2, (("x", (3,)),))
+    for shape in [(), (5, 3), (0, 3), (2, 4), (2, 3, 1)]:
+        bad = InferRequest("one", "", [InferTensor("x", "FP32", shape, np.zeros(shape, np.float32))])
+        with pytest.raises(InvalidInputError):
+            validate_request(bad, io)
+    nan = InferRequest("one", "", [InferTensor("x", "FP32", (1, 3), np.full((1, 3), np.nan, np.float32))])
+    with pytest.raises(InvalidInputError, match="non-finite"):
+        validate_request(nan, io)
+    wrong_type = InferRequest("one", "", [InferTensor("x", "FP64", (1, 3), np.zeros((1, 3)))])
+    with pytest.raises(InvalidInputError, match="expects FP32"):
+        validate_request(wrong_type, io)
