@@ -188,12 +188,13 @@ class FeatureSet:
         missing = 0
         for i, row in enumerate(rows):
             if row is None:
-                out[i] = self.defaults
                 missing += 1
+                out[i] = self.defaults
             else:
-                values = np.asarray(row, dtype=np.float32)
-                nan = np.isnan(values)
-                out[i] = np.where(nan, np.asarray(self.defaults, dtype=np.float32), values)
+                out[i] = row
+        nan = np.isnan(out)  # a field missing from a Redis hash
+        if nan.any():
+            out[nan] = np.broadcast_to(np.asarray(self.defaults, dtype=np.float32), out.shape)[nan]
         notes: dict[str, Any] = {}
         if unavailable:
             notes["features_defaulted"] = "feature store unavailable"

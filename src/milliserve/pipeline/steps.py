@@ -131,14 +131,24 @@ class RulesStep(_Named):
             if r.column >= width:
                 raise BackendError(f"{self.name}: {r.input!r} has no column {r.column} (width {width})")
             score = x[..., r.column]
-            # compare in the score's precision: float32(0.9) reaches a threshold of 0.9
-            bounds = self._bounds.astype(score.dtype) if score.dtype.kind == "f" else self._bounds
-            reached = score[..., None] >= bounds
-            # argmax finds the first True; rows with none reached get the default
-            index = np.where(reached.any(-1), reached.argmax(-1), len(self._bounds))
+            index = self._first_reached(score)
         tensors[r.output] = tensor(r.output, self._labels[index][..., None])
         if r.score_output:
             tensors[r.score_output] = tensor(r.score_output, score[..., None].astype(np.float32))
+
+    def _first_reached(self, score: np.ndarray[Any, Any]) -> Any:
+        """Index of the first threshold each score reaches (the default's index if none)."""
+        # compare in the score's precision: float32(0.9) reaches a threshold of 0.9
+        bounds = self._bounds.astype(score.dtype) if score.dtype.kind == "f" else self._bounds
+        if score.size <= 8:  # a few rows: plain Python beats a handful of numpy calls
+            limits = bounds.tolist()
+            found = [
+                next((j for j, b in enumerate(limits) if v >= b), len(limits)) for v in score.ravel().tolist()
+            ]
+            return np.array(found).reshape(score.shape)
+        reached = score[..., None] >= bounds
+        # argmax finds the first True; rows with none reached get the default
+        return np.where(reached.any(-1), reached.argmax(-1), len(bounds))
 
 
 def load_function(spec: str) -> Callable[..., Any]:

@@ -74,24 +74,37 @@ def validate_request(request: InferRequest, io: ModelIO) -> tuple[int, Signature
     batching signature. Raises InvalidInputError naming the offending input.
     """
     fast = io.fast
-    if len(request.inputs) == 1 and len(fast) == 1 and not request.outputs:
-        # the common case of a one-input model, checked in a few comparisons
-        (tensor,) = request.inputs
-        known = fast.get(tensor.name)
-        shape = tensor.shape
-        if (
-            known is not None
-            and known[1] is not None
-            and tensor.datatype == known[0]
-            and shape
-            and shape[1:] == known[1]
-            and 1 <= shape[0] <= io.max_batch_size
-        ):
-            if not io.allow_nonfinite:
-                _check_finite(tensor.name, tensor.data)
-            return shape[0], ((tensor.name, known[1]),)
+    inputs = request.inputs
+    if len(inputs) == len(fast) and not request.outputs:
+        # the common case, checked in a few comparisons per input: every input given once,
+        # fixed dims after the batch, one batch size. Anything else takes the general path
+        # below, which names the problem.
+        batch = 0
+        for tensor in inputs:
+            known = fast.get(tensor.name)
+            shape = tensor.shape
+            if (
+                known is None
+                or known[1] is None
+                or tensor.datatype != known[0]
+                or not shape
+                or shape[1:] != known[1]
+                or (batch and shape[0] != batch)
+            ):
+                break
+            batch = shape[0]
+        else:
+            if 1 <= batch <= io.max_batch_size and (
+                len(inputs) == 1 or len({t.name for t in inputs}) == len(inputs)
+            ):
+                if not io.allow_nonfinite:
+                    for tensor in inputs:
+                        _check_finite(tensor.name, tensor.data)
+                if len(inputs) == 1:
+                    return batch, ((inputs[0].name, inputs[0].shape[1:]),)
+                return batch, tuple(sorted((t.name, t.shape[1:]) for t in inputs))
     seen: set[str] = set()
-    batch: int | None = None
+    found: int | None = None
     for tensor in request.inputs:
         spec = io.inputs.get(tensor.name)
         if spec is None:
@@ -119,11 +132,11 @@ def validate_request(request: InferRequest, io: ModelIO) -> tuple[int, Signature
                     f"input {tensor.name!r} has batch size {b} but model {io.label!r} takes "
                     f"1..{io.max_batch_size} (max_batch_size)"
                 )
-            if batch is not None and b != batch:
+            if found is not None and b != found:
                 raise InvalidInputError(
-                    f"input {tensor.name!r} has batch size {b} but other inputs have {batch}"
+                    f"input {tensor.name!r} has batch size {b} but other inputs have {found}"
                 )
-            batch = b
+            found = b
         if not io.allow_nonfinite:
             _check_finite(tensor.name, tensor.data)
     missing = sorted(set(io.inputs) - seen)
@@ -137,4 +150,4 @@ def validate_request(request: InferRequest, io: ModelIO) -> tuple[int, Signature
                     f"(expected {sorted(io.outputs)})"
                 )
     signature = tuple(sorted((t.name, t.shape[1:]) for t in request.inputs))
-    return (batch or 1), signature
+    return (found or 1), signature

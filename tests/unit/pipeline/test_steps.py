@@ -199,3 +199,19 @@ def test_the_fraud_example_parses_from_pbtxt(tmp_path: Path) -> None:
     assert features is not None and features.names == USER_FEATURES
     assert cfg.ensemble_scheduling.step[2].input_map == {"features": "features"}
     assert cfg.stage_budget_s("features") == 0.005
+
+
+def test_thresholds_agree_for_a_few_rows_and_for_many() -> None:
+    rng = np.random.default_rng(3)
+    fraud = np.concatenate([rng.random(40), [0.9, 0.5, 0.0, 1.0]]).astype(np.float32)
+    scores = np.stack([1 - fraud, fraud], axis=1)
+    many = [v.decode() for v in _run_rules(FRAUD_RULES, scores)["decision"].data[:, 0]]
+    few = [
+        v.decode()
+        for i in range(0, len(scores), 4)
+        for v in _run_rules(FRAUD_RULES, scores[i : i + 4])["decision"].data[:, 0]
+    ]
+    expected = [
+        "decline" if s >= np.float32(0.9) else "review" if s >= np.float32(0.5) else "approve" for s in fraud
+    ]
+    assert many == few == expected

@@ -96,3 +96,20 @@ def test_the_one_input_fast_path_agrees_with_the_general_check() -> None:
     wrong_type = InferRequest("one", "", [InferTensor("x", "FP64", (1, 3), np.zeros((1, 3)))])
     with pytest.raises(InvalidInputError, match="expects FP32"):
         validate_request(wrong_type, io)
+
+
+def test_the_fast_path_with_two_inputs_still_catches_a_repeat_and_a_batch_mismatch() -> None:
+    spec = {n: TensorSpec(n, "FP32", (2,)) for n in ("a", "b")}
+    io = ModelIO("two", spec, {}, max_batch_size=4)
+
+    def t(name: str, batch: int) -> InferTensor:
+        return InferTensor(name, "FP32", (batch, 2), np.zeros((batch, 2), np.float32))
+
+    assert validate_request(InferRequest("two", "", [t("b", 3), t("a", 3)]), io) == (
+        3,
+        (("a", (2,)), ("b", (2,))),
+    )
+    with pytest.raises(InvalidInputError, match="given twice"):
+        validate_request(InferRequest("two", "", [t("a", 1), t("a", 1)]), io)
+    with pytest.raises(InvalidInputError, match="other inputs have 2"):
+        validate_request(InferRequest("two", "", [t("a", 2), t("b", 3)]), io)

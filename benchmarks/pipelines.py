@@ -1,0 +1,158 @@
+"""Pipelines against what a client would otherwise do itself, in one server, interleaved.
+
+    python benchmarks/pipelines.py [--seconds 5] [--rounds 2]
+
+- ``fraud`` (user id + transaction in; features from the in-process table, the join step,
+  fraud_mlp, rules) against ``fraud_mlp`` called with the 64 features the client
+  assembled itself;
+- ``sentiment`` (raw text in; Rust tokenizer, MiniLM, the head, rules) against ``minilm``
+  called with token ids the client computed (one model call, no head).
+
+`milliserve bench` over HTTP with JSON bodies (the same cases for both sides of a pair),
+closed loop at concurrency 1 and 8, the targets interleaved round by round. Then each
+pipeline's stages from /metrics (`milliserve budget report`). Writes the "pipelines"
+section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from report_sections import write_section
+from server_overhead import cpu_description
+
+from milliserve.budget.report import budget_report
+from milliserve.examples.build import build_examples
+from milliserve.examples.fraud import USER_FEATURES
+from milliserve.examples.sentiment import splits, tokenize
+from milliserve.testing import ServerProcess
+
+CASES = 64
+
+
+def _tensor(name: str, datatype: str, data: np.ndarray[Any, Any]) -> dict[str, Any]:
+    flat = data.reshape(-1)
+    values = [v.decode() for v in flat] if datatype == "BYTES" else flat.tolist()
+    return {"name": name, "datatype": datatype, "shape": list(data.shape), "data": values}
+
+
+def bodies(repo: Path, work: Path) -> dict[str, Path]:
+    rng = np.random.default_rng(0)
+    with (repo / "fraud" / "users.csv").open() as f:
+        table = {r["user_id"]: [float(r[n]) for n in USER_FEATURES] for r in csv.DictReader(f)}
+    users = [f"u{i:04d}" for i in rng.integers(0, len(table), CASES)]
+    tx = (rng.normal(size=(CASES, 4)) * 1.5).astype(np.float32)
+    texts = [t for t, _ in splits(200, 200)["eval"][:CASES]]
+    tokens = tokenize(texts, seq_len=48)
+    out: dict[str, list[dict[str, Any]]] = {"fraud": [], "fraud_mlp": [], "sentiment": [], "minilm": []}
+    for i in range(CASES):
+        uid = np.array([[users[i].encode()]], dtype=object)
+        out["fraud"].append(
+            {"inputs": [_tensor("user_id", "BYTES", uid), _tensor("transaction", "FP32", tx[i : i + 1])]}
+        )
+        joined = np.concatenate([tx[i], np.asarray(table[users[i]], np.float32)])[None]
+        out["fraud_mlp"].append({"inputs": [_tensor("features", "FP32", joined)]})
+        out["sentiment"].append(
+            {"inputs": [_tensor("TEXT", "BYTES", np.array([[texts[i].encode()]], dtype=object))]}
+        )
+        n = int(tokens["attention_mask"][i].sum())  # what a client sends: its own tokens, unpadded
+        ids = tokens["input_ids"][i : i + 1, :n]
+        out["minilm"].append(
+            {
+                "inputs": [
+                    _tensor("input_ids", "INT64", ids),
+                    _tensor("attention_mask", "INT64", np.ones_like(ids)),
+                ]
+            }
+        )
+    paths = {}
+    for name, rows in out.items():
+        paths[name] = work / f"{name}.json"
+        paths[name].write_text(json.dumps(rows))
+    return paths
+
+
+def bench(url: str, model: str, data: Path, out: Path, concurrency: int, seconds: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "milliserve", "bench", f"http://{url}", "-m", model, "--data", str(data)]
+    cmd += ["--concurrency", str(concurrency), "--duration", str(seconds), "--warmup", "1"]
+    cmd += ["--no-calibrate", "--json", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    level: dict[str, Any] = json.loads(out.read_text())["levels"][0]
+    return level
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ms-pipelines-"))
+    repo = work / "repo"
+    build_examples(repo)
+    data = bodies(repo, work)
+    pairs = [("fraud", "fraud_mlp"), ("sentiment", "minilm")]
+    results: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    with ServerProcess(repo) as server:
+        for rnd in range(args.rounds):
+            for conc in (1, 8):
+                for pipeline, model in pairs:
+                    for target in (pipeline, model):  # A B A B
+                        out = work / f"{target}-{conc}-{rnd}.json"
+                        lv = bench(server.http_url, target, data[target], out, conc, args.seconds)
+                        results.setdefault((target, conc), []).append(lv)
+                        print(target, conc, rnd, f"{lv['throughput']:.0f} req/s")
+        stages = {p: budget_report(server.http_url, p, server.metrics_url) for p, _ in pairs}
+
+    def med(target: str, conc: int, key: str) -> float:
+        vals = [
+            lv["throughput"] if key == "rps" else lv["latency_us"][key] / 1e3
+            for lv in results[(target, conc)]
+        ]
+        return float(np.median(vals))
+
+    lines = [
+        "## Pipelines against the client doing the steps itself",
+        "",
+        f"`python benchmarks/pipelines.py`: {cpu_description()}; server and `milliserve bench` sharing "
+        f"them; HTTP JSON bodies ({CASES} cases per target, the same cases on both sides of a pair), "
+        f"closed loop, {args.seconds:g} s per level after 1 s of warm-up, "
+        f"{args.rounds} interleaved rounds, medians. fraud_mlp runs on 1 ORT thread, MiniLM on 2.",
+        "",
+        "| pipeline | vs (client does the rest) | concurrency | pipeline req/s | model req/s | "
+        "pipeline p50 ms | model p50 ms | pipeline p99 ms | model p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for pipeline, model in pairs:
+        for conc in (1, 8):
+            lines.append(
+                f"| {pipeline} | {model} | {conc} | {med(pipeline, conc, 'rps'):.0f} "
+                f"| {med(model, conc, 'rps'):.0f} "
+                f"| {med(pipeline, conc, 'p50'):.2f} | {med(model, conc, 'p50'):.2f} "
+                f"| {med(pipeline, conc, 'p99'):.2f} | {med(model, conc, 'p99'):.2f} |"
+            )
+    lines += [
+        "",
+        "Where each pipeline's time goes, over every request of the run (stage histograms from /metrics, "
+        "so the percentiles are bucket estimates):",
+        "",
+        "| pipeline | stage | p50 ms | p99 ms | budget ms |",
+        "|---|---|---|---|---|",
+    ]
+    for pipeline, report in stages.items():
+        for row in report.rows:
+            budget = "-" if row.budget_ms is None else f"{row.budget_ms:g}"
+            lines.append(f"| {pipeline} | {row.stage} | {row.p50_ms:.3f} | {row.p99_ms:.3f} | {budget} |")
+    write_section("pipelines", "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
