@@ -35,6 +35,8 @@ __all__ = [
     "StepContext",
     "Tensors",
     "Tokenize",
+    "load_function",
+    "tensor",
 ]
 
 Tensors = dict[str, InferTensor]
