@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+from report_sections import bench_level
 
 from milliserve.examples.minilm import build_minilm
 
@@ -44,9 +43,5 @@ def build_copies(repo: Path, copies: dict[str, tuple[str, str]]) -> None:
 def bench(url: str, model: str, out: Path, *load: str, seconds: float) -> dict[str, Any]:
     """One `milliserve bench` level (``load``: --rate R or --concurrency C), zero-filled
     inputs of SEQ tokens, 2 s warm-up; returns its JSON level."""
-    cmd = [sys.executable, "-m", "milliserve", "bench", f"http://{url}", "-m", model, *load]
-    cmd += ["--duration", str(seconds), "--warmup", "2", "--no-calibrate", "--json", str(out)]
-    cmd += ["--shape", f"input_ids:{SEQ}", "--shape", f"attention_mask:{SEQ}", "--data", "zero"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    level: dict[str, Any] = json.loads(out.read_text())["levels"][0]
-    return level
+    shapes = ("--shape", f"input_ids:{SEQ}", "--shape", f"attention_mask:{SEQ}", "--data", "zero")
+    return bench_level(url, model, out, *load, *shapes, seconds=seconds, warmup=2)

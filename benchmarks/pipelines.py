@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report_sections import write_section
+from report_sections import bench_level, write_section
 from server_overhead import cpu_description
 
 from milliserve.budget.report import budget_report
@@ -80,15 +78,6 @@ def bodies(repo: Path, work: Path) -> dict[str, Path]:
     return paths
 
 
-def bench(url: str, model: str, data: Path, out: Path, concurrency: int, seconds: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "milliserve", "bench", f"http://{url}", "-m", model, "--data", str(data)]
-    cmd += ["--concurrency", str(concurrency), "--duration", str(seconds), "--warmup", "1"]
-    cmd += ["--no-calibrate", "--json", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    level: dict[str, Any] = json.loads(out.read_text())["levels"][0]
-    return level
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=5.0)
@@ -106,7 +95,16 @@ def main() -> None:
                 for pipeline, model in pairs:
                     for target in (pipeline, model):  # A B A B
                         out = work / f"{target}-{conc}-{rnd}.json"
-                        lv = bench(server.http_url, target, data[target], out, conc, args.seconds)
+                        lv = bench_level(
+                            server.http_url,
+                            target,
+                            out,
+                            "--data",
+                            str(data[target]),
+                            "--concurrency",
+                            str(conc),
+                            seconds=args.seconds,
+                        )
                         results.setdefault((target, conc), []).append(lv)
                         print(target, conc, rnd, f"{lv['throughput']:.0f} req/s")
         stages = {p: budget_report(server.http_url, p, server.metrics_url) for p, _ in pairs}

@@ -1,9 +1,14 @@
-"""Each benchmark script owns one section of docs/benchmarks.md and rewrites only it."""
+"""Each benchmark script owns one section of docs/benchmarks.md and rewrites only it; and
+the one way the scripts run a `milliserve bench` level."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 HEADER = "# Benchmarks\n\nEach section is written by the script it names; rerun the script to refresh it.\n"
@@ -23,3 +28,16 @@ def write_section(name: str, body: str, doc: Path = DOC) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
+
+
+def bench_level(
+    url: str, model: str, out: Path, *load: str, seconds: float, warmup: float = 1.0
+) -> dict[str, Any]:
+    """One `milliserve bench` level against ``url`` (host:port or a full URL); ``load`` holds
+    the level and data flags (--concurrency/--rate, --data, --shape). Returns its JSON level."""
+    target = url if "://" in url else f"http://{url}"
+    cmd = [sys.executable, "-m", "milliserve", "bench", target, "-m", model, *load]
+    cmd += ["--duration", str(seconds), "--warmup", str(warmup), "--no-calibrate", "--json", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    level: dict[str, Any] = json.loads(out.read_text())["levels"][0]
+    return level

@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))
 
-from report_sections import write_section  # noqa: E402
+from report_sections import bench_level, write_section  # noqa: E402
 
 from milliserve.examples.fraud_mlp import FEATURES, build_fraud_mlp  # noqa: E402
 from milliserve.testing import ServerProcess, free_port  # noqa: E402
@@ -119,34 +119,6 @@ def mlserver_dir(work: Path, model: Path, batch: int, port: int) -> Path:
         settings |= {"max_batch_size": batch, "max_batch_time": 0.002}
     (m / "model-settings.json").write_text(json.dumps(settings))
     return d
-
-
-def bench(port: int, data: Path, conc: int, seconds: int, out: Path) -> dict:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "milliserve",
-            "bench",
-            f"http://127.0.0.1:{port}",
-            "-m",
-            "fraud_mlp",
-            "--data",
-            str(data),
-            "--concurrency",
-            str(conc),
-            "--duration",
-            str(seconds),
-            "--warmup",
-            "1",
-            "--no-calibrate",
-            "--json",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return json.loads(out.read_text())["levels"][0]
 
 
 def main() -> None:
@@ -235,7 +207,18 @@ def main() -> None:
             for conc in (1, 8):
                 for name, port in targets.items():  # interleaved: each target once per round
                     print(f"round {r + 1} c{conc} {name}", flush=True)
-                    results[name][conc].append(bench(port, data, conc, args.seconds, work / "out.json"))
+                    results[name][conc].append(
+                        bench_level(
+                            f"127.0.0.1:{port}",
+                            "fraud_mlp",
+                            work / "out.json",
+                            "--data",
+                            str(data),
+                            "--concurrency",
+                            str(conc),
+                            seconds=args.seconds,
+                        )
+                    )
 
     def med(name: str, conc: int, key: str) -> float:
         vals = [
