@@ -12,8 +12,10 @@ from typing import Any, Literal
 
 import yaml
 from google.protobuf import json_format, text_format
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from milliserve.config.base import Strict as _Strict
+from milliserve.config.steps import Ensembling, Features, TokenizerConfig
 from milliserve.errors import ConfigError
 from milliserve.protocol.datatypes import config_type_to_oip, oip_to_config_type
 from milliserve.protocol.proto import oip_pb2
@@ -38,10 +40,6 @@ CONFIG_FILES = ("config.yaml", "config.yml", "config.pbtxt")
 RUNTIME_PARAMETERS = frozenset({"allow_nonfinite_inputs", "inline_execution"})
 SUPPORTED_PLATFORMS = ("", "onnxruntime_onnx", "ensemble")
 SUPPORTED_BACKENDS = ("", "onnxruntime")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class TensorConfig(_Strict):
@@ -149,134 +147,6 @@ class Budget(_Strict):
 
 
 BUDGET_STAGES = ("parse", "cache", "features", "preprocess", "queue", "infer", "postprocess", "serialize")
-
-
-class FeatureSource(_Strict):
-    """Where features come from: a table (CSV or Parquet, relative to the model directory)
-    keyed by ``key``, or Redis hashes ``<redis_prefix><id>``."""
-
-    table: str | None = None
-    key: str = "id"
-    redis_prefix: str | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> FeatureSource:
-        if (self.table is None) == (self.redis_prefix is None):
-            raise ValueError("features.source needs exactly one of table or redis_prefix")
-        return self
-
-
-class Features(_Strict):
-    """``features`` (config.yaml): fetch rows by entity id and build the input ``input``
-    (FP32 [batch, len(names)]) before the model runs."""
-
-    input: str
-    names: tuple[str, ...]
-    source: FeatureSource
-    defaults: dict[str, float] = {}
-    entity_parameter: str | None = None
-    entity_input: str | None = None
-    on_unavailable: Literal["defaults", "fail"] = "defaults"
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Features:
-        if (self.entity_parameter is None) == (self.entity_input is None):
-            raise ValueError("features needs exactly one of entity_parameter or entity_input")
-        unknown = sorted(set(self.defaults) - set(self.names))
-        if unknown:
-            raise ValueError(f"features.defaults names {unknown}, which are not in features.names")
-        if not self.names:
-            raise ValueError("features.names is empty")
-        return self
-
-
-class TokenizerConfig(_Strict):
-    """``tokenizer`` (config.yaml): raw text in, token ids out, before the model runs."""
-
-    file: str  # tokenizer.json, relative to the model directory
-    text_input: str = "TEXT"  # the BYTES input clients send
-    ids: str = "input_ids"  # model input for the token ids
-    mask: str | None = "attention_mask"  # model input for the attention mask (None: none)
-    max_length: int = Field(128, ge=1)
-
-
-class RuleThreshold(_Strict):
-    at_least: float
-    label: str
-
-
-class Rules(_Strict):
-    """A business-rules step: a score mapped to a label. ``thresholds`` (checked in order,
-    the first ``at_least`` the score reaches wins, else ``default``) threshold one column of
-    ``input``; ``labels`` name the columns instead and the largest one wins."""
-
-    input: str
-    output: str
-    column: int = Field(0, ge=0)
-    thresholds: tuple[RuleThreshold, ...] = ()
-    default: str = ""
-    labels: tuple[str, ...] = ()
-    score_output: str | None = None  # also return the score the label was chosen on
-
-    @model_validator(mode="after")
-    def _one(self) -> Rules:
-        if bool(self.thresholds) == bool(self.labels):
-            raise ValueError("rules needs exactly one of thresholds or labels")
-        if self.thresholds and not self.default:
-            raise ValueError("rules.thresholds needs a default label for scores below every threshold")
-        return self
-
-
-class PythonStep(_Strict):
-    """A custom step: ``function`` (``package.module:function``) is called with a dict of the
-    named ``inputs`` (numpy arrays) and ``parameters``, and returns a dict with ``outputs``."""
-
-    function: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    parameters: dict[str, str] = {}
-
-    @field_validator("function")
-    @classmethod
-    def _form(cls, v: str) -> str:
-        module, _, attr = v.partition(":")
-        if not module or not attr:
-            raise ValueError(f"function must be 'package.module:function', got {v!r}")
-        return v
-
-
-class PipelineStep(_Strict):
-    """One step of ``ensemble_scheduling``: a model of the repository (Triton's fields), or
-    one of milliserve's built-in steps, or a custom Python function."""
-
-    model_name: str = ""
-    model_version: int = -1
-    input_map: dict[str, str] = {}  # model input -> pipeline tensor
-    output_map: dict[str, str] = {}  # model output -> pipeline tensor
-    tokenizer: TokenizerConfig | None = None
-    features: Features | None = None
-    rules: Rules | None = None
-    python: PythonStep | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> PipelineStep:
-        kinds = [k for k in STEP_KINDS if (self.model_name if k == "model_name" else getattr(self, k))]
-        if len(kinds) != 1:
-            raise ValueError(f"a step needs exactly one of {list(STEP_KINDS)}, got {kinds or 'none'}")
-        if kinds[0] != "model_name" and (self.input_map or self.output_map):
-            raise ValueError("input_map and output_map belong to model steps")
-        return self
-
-    @property
-    def kind(self) -> str:
-        return "model" if self.model_name else next(k for k in STEP_KINDS[1:] if getattr(self, k))
-
-
-STEP_KINDS = ("model_name", "tokenizer", "features", "rules", "python")
-
-
-class Ensembling(_Strict):
-    step: tuple[PipelineStep, ...]
 
 
 class InstanceGroup(_Strict):
@@ -407,14 +277,16 @@ class ModelConfig(_Strict):
         if self.ensemble_scheduling is not None:
             if not self.input or not self.output:
                 raise ValueError("an ensemble declares its input and output tensors")
-            unused = [
-                k
-                for k in ("dynamic_batching", "features", "tokenizer", "backend")
-                if getattr(self, k) not in (None, "")
-            ]
-            if unused or self.instance_group or self.model_warmup:
-                unused += ["instance_group"] * bool(self.instance_group)
-                unused += ["model_warmup"] * bool(self.model_warmup)
+            model_only = (
+                "dynamic_batching",
+                "features",
+                "tokenizer",
+                "backend",
+                "instance_group",
+                "model_warmup",
+            )
+            unused = [k for k in model_only if getattr(self, k)]  # all unset ones are falsy
+            if unused:
                 raise ValueError(
                     f"{unused} do not apply to an ensemble: set them on its models, or use steps"
                 )

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from milliserve.config.model_config import Features
+from milliserve.config.steps import Features
 from milliserve.errors import ConfigError, UnavailableError
 from milliserve.redis_client import Breaker, redis_client
 
@@ -176,6 +176,12 @@ class FeatureSet:
         if value is None or isinstance(value, bool):
             raise _missing(f"parameter {self.entity_parameter!r} with the entity id")
         return [str(value)], inputs
+
+    async def close(self) -> None:
+        """Release the source's connections (Redis); a table has none."""
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            await close()
 
     async def assemble(self, ids: list[str]) -> tuple[np.ndarray[Any, Any], dict[str, Any]]:
         """The [batch, n] tensor, defaults filled in, and what to tell the client about it."""

@@ -33,7 +33,7 @@ from milliserve.pipeline.steps import (
 )
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
 from milliserve.runtime.deadline import request_deadline
-from milliserve.runtime.model_runtime import failure_reason
+from milliserve.runtime.model_runtime import failure_reason, model_metadata
 from milliserve.runtime.stats import ModelStats
 from milliserve.runtime.validation import model_io, validate_request
 
@@ -136,9 +136,7 @@ class PipelineRuntime:
     async def close(self) -> None:
         for step in self.steps:
             if isinstance(step, FetchFeatures):
-                close = getattr(step.features.source, "close", None)
-                if close is not None:
-                    await close()
+                await step.features.close()
 
     # ---- serving ----
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -203,16 +201,4 @@ class PipelineRuntime:
         return [(t.name, t.data_type, t.dims) for t in self.config.input]
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
-        batch = [-1] if self.config.max_batch_size > 0 else []
-        return {
-            "name": self.config.name,
-            "versions": versions,
-            "platform": "ensemble",
-            "inputs": [
-                {"name": n, "datatype": d, "shape": batch + list(dims)} for n, d, dims in self.client_inputs()
-            ],
-            "outputs": [
-                {"name": t.name, "datatype": t.data_type, "shape": batch + list(t.dims)}
-                for t in self.config.output
-            ],
-        }
+        return model_metadata(self.config, versions, "ensemble", self.client_inputs())

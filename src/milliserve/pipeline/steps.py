@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from milliserve.config.model_config import PipelineStep, PythonStep, Rules
+from milliserve.config.steps import PipelineStep, PythonStep, Rules
 from milliserve.errors import BackendError, ConfigError, MilliserveError
 from milliserve.features.store import FeatureSet
 from milliserve.features.tokenize import TokenizerStep

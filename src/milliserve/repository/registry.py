@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from milliserve.cache.response_cache import CacheFactory
+from milliserve.config.model_config import ModelConfig
 from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError
 from milliserve.pipeline.runtime import PipelineRuntime
 from milliserve.repository.repository import Repository
@@ -95,7 +96,7 @@ class ModelRegistry:
         policy = config.version_policy if config else None
         chosen = policy.select(available) if policy else available[-1:]
         if config is not None and config.ensemble_scheduling is not None:
-            return await self._build_pipeline(name, chosen or [1])  # its version folders may be absent
+            return await self._build_pipeline(config, chosen or [1])  # its version folders may be absent
         if not chosen:
             raise ConfigError(
                 f"{self.repository.model_dir(name)}: no version to serve (version folders: "
@@ -114,10 +115,10 @@ class ModelRegistry:
             raise
         return built
 
-    async def _build_pipeline(self, name: str, versions: list[int]) -> dict[str, Runtime]:
+    async def _build_pipeline(self, config: ModelConfig, versions: list[int]) -> dict[str, Runtime]:
         """Load the models a pipeline calls (if they are not loaded yet), then the pipeline."""
-        config = self.repository.read_config(name)
-        assert config is not None and config.ensemble_scheduling is not None
+        assert config.ensemble_scheduling is not None
+        name = config.name
         if name in self._resolving:
             raise ConfigError(f"pipeline {name!r} calls itself through {sorted(self._resolving)}")
         self._resolving.add(name)
@@ -144,17 +145,13 @@ class ModelRegistry:
             built[str(v)] = await PipelineRuntime.load(config, str(v), model_dir, self.get, self.caches)
         return built
 
-    def _is_pipeline(self, name: str) -> bool:
-        try:
-            config = self.repository.read_config(name)
-        except ConfigError:
-            return False  # its load reports the error
-        return config is not None and config.ensemble_scheduling is not None
-
     async def load_all(self, names: list[str] | None = None) -> None:
-        """Load several models, pipelines last; a failure is recorded and the others still load."""
-        todo = names if names is not None else self.repository.model_names()
-        for name in sorted(todo, key=self._is_pipeline):
+        """Load several models at start-up; a failure is recorded and the others still load.
+        A model that a pipeline already loaded as its dependency is not loaded again."""
+        for name in names if names is not None else self.repository.model_names():
+            entry = self._entries.get(name)
+            if entry is not None and entry.versions:
+                continue
             try:
                 await self.load(name)
             except (ConfigError, BackendError):

@@ -37,7 +37,7 @@ from milliserve.runtime.executor import Executor, InstanceWorker
 from milliserve.runtime.stats import ModelStats
 from milliserve.runtime.validation import model_io, validate_request
 
-__all__ = ["MODEL_FILENAME", "ModelRuntime"]
+__all__ = ["MODEL_FILENAME", "ModelRuntime", "failure_reason", "model_metadata"]
 
 log = logging.getLogger(__name__)
 MODEL_FILENAME = "model.onnx"
@@ -271,9 +271,8 @@ class ModelRuntime:
     async def close(self) -> None:
         """Finish queued and running requests, then release the instances."""
         await self.batcher.close(drain=True)
-        close = getattr(self.features.source, "close", None) if self.features is not None else None
-        if close is not None:
-            await close()
+        if self.features is not None:
+            await self.features.close()
         for w in self._workers:
             w.close()
         for b in self._backends:
@@ -477,15 +476,22 @@ class ModelRuntime:
         return [(t.name, t.data_type, t.dims) for t in cfg.input if t.name not in built] + extra
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
-        batch = [-1] if self.config.max_batch_size > 0 else []
+        return model_metadata(self.config, versions, self.info.platform, self.client_inputs())
 
-        def tensors(section: Any) -> list[dict[str, Any]]:
-            return [{"name": n, "datatype": d, "shape": batch + list(dims)} for n, d, dims in section]
 
-        return {
-            "name": self.config.name,
-            "versions": versions,
-            "platform": self.info.platform,
-            "inputs": tensors(self.client_inputs()),
-            "outputs": tensors((t.name, t.data_type, t.dims) for t in self.config.output),
-        }
+def model_metadata(
+    config: ModelConfig, versions: list[str], platform: str, inputs: list[tuple[str, str, tuple[int, ...]]]
+) -> dict[str, Any]:
+    """OIP model metadata: ``inputs`` as (name, datatype, dims) are what a client sends."""
+    batch = [-1] if config.max_batch_size > 0 else []
+
+    def tensors(section: Any) -> list[dict[str, Any]]:
+        return [{"name": n, "datatype": d, "shape": batch + list(dims)} for n, d, dims in section]
+
+    return {
+        "name": config.name,
+        "versions": versions,
+        "platform": platform,
+        "inputs": tensors(inputs),
+        "outputs": tensors((t.name, t.data_type, t.dims) for t in config.output),
+    }

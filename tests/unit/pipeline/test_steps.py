@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from milliserve.cache.response_cache import CacheFactory
-from milliserve.config.model_config import ModelConfig, PythonStep, Rules, load_model_config
+from milliserve.config.model_config import ModelConfig, load_model_config
+from milliserve.config.steps import PythonStep, Rules
 from milliserve.errors import BackendError, ConfigError, InvalidInputError
 from milliserve.pipeline.runtime import build_steps
 from milliserve.pipeline.steps import PythonCall, RulesStep, StepContext, tensor
