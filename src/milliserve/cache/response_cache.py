@@ -6,17 +6,17 @@ each input's name, datatype, shape and bytes, the outputs asked for, and the req
 parameters that can change the result. The request id is never part of it, and two
 models never share an entry.
 
-Concurrent misses on one key compute once (single-flight). A Redis that is down, slow
-or timing out is bypassed: the request is computed as if there were no cache, the
-failure is counted, logged at most once per interval, and Redis is left alone for a
-moment before it is tried again.
+Concurrent misses on one key compute once (single-flight). A Redis call that fails or
+times out is a miss: the request is computed as if there were no cache and the failure
+is counted. Repeated failures (5 within 1 s) open a breaker that bypasses Redis for a
+moment, then lets one trial call through; the reason is logged at most once per
+interval.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import struct
 import time
 from collections import OrderedDict
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from milliserve.protocol.raw import array_from_raw, array_to_raw
 from milliserve.protocol.types import InferRequest, InferTensor
-from milliserve.redis_client import Breaker, error_reason, redis_client
+from milliserve.redis_client import BoundedRedis, Breaker, error_reason
 
 __all__ = [
     "CacheFactory",
@@ -38,8 +38,6 @@ __all__ = [
     "decode_outputs",
     "encode_outputs",
 ]
-
-log = logging.getLogger(__name__)
 
 # Request parameters about transport or scheduling, not the answer: left out of the key.
 NEUTRAL_PARAMETERS = frozenset(
@@ -96,11 +94,14 @@ def decode_outputs(blob: bytes) -> list[InferTensor]:
 
 
 class Backend(Protocol):
+    """Where entries live. ``deadline`` is an absolute ``time.perf_counter()`` (or None):
+    a backend that waits on something bounds its wait by it. Raises on failure."""
+
     name: str
 
-    async def get(self, key: str) -> bytes | None: ...
+    async def get(self, key: str, deadline: float | None = None) -> bytes | None: ...
 
-    async def set(self, key: str, value: bytes, ttl_s: float) -> None: ...
+    async def set(self, key: str, value: bytes, ttl_s: float, deadline: float | None = None) -> None: ...
 
 
 class MemoryBackend:
@@ -116,7 +117,7 @@ class MemoryBackend:
     def __len__(self) -> int:
         return len(self._items)
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, key: str, deadline: float | None = None) -> bytes | None:
         item = self._items.get(key)
         if item is None:
             return None
@@ -127,7 +128,7 @@ class MemoryBackend:
         self._items.move_to_end(key)
         return value
 
-    async def set(self, key: str, value: bytes, ttl_s: float) -> None:
+    async def set(self, key: str, value: bytes, ttl_s: float, deadline: float | None = None) -> None:
         size = len(value) + len(key)
         if size > self.max_bytes:
             return  # larger than the whole cache: not worth evicting everything for
@@ -146,46 +147,50 @@ class MemoryBackend:
 class RedisBackend:
     """Redis through redis-py (hiredis parser when installed), with a TTL per entry.
 
-    Every call is bounded by ``timeout_s``; after a failure Redis is skipped for
-    ``backoff_s`` so a dead or slow Redis costs a request nothing but a lookup miss."""
+    Every call is bounded by ``timeout_s`` and by the request's deadline; a request with
+    no time left skips Redis (a miss, not a failure). Failures feed a breaker
+    (:class:`~milliserve.redis_client.Breaker`: 5 within 1 s bypass Redis for
+    ``backoff_s``, then one trial call), so a dead or slow Redis costs a request nothing
+    but a lookup miss, and a busy one's occasional slow answer costs only that lookup."""
 
     name = "redis"
 
     def __init__(
-        self, url: str, timeout_s: float = 0.005, backoff_s: float = 1.0, prefix: str = "ms:rc:"
+        self, url: str, timeout_s: float = 0.05, backoff_s: float = 1.0, prefix: str = "ms:rc:"
     ) -> None:
         self.url = url
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self.prefix = prefix
-        self._client = redis_client(url, timeout_s)
-        self.breaker = Breaker("response cache (redis)", backoff_s)
+        self.redis = BoundedRedis(url, "response cache (redis)", timeout_s, backoff_s)
 
     @property
-    def available(self) -> bool:
-        return self.breaker.available
+    def breaker(self) -> Breaker:
+        return self.redis.breaker
 
-    def failed(self, exc: BaseException) -> None:
-        self.breaker.failed(exc)
-
-    async def get(self, key: str) -> bytes | None:
-        value = await asyncio.wait_for(self._client.get(self.prefix + key), self.timeout_s)
+    async def get(self, key: str, deadline: float | None = None) -> bytes | None:
+        timeout = self.redis.admit(deadline)
+        if timeout is None:  # bypassed, or no time left: a miss
+            return None
+        value = await self.redis.call(self.redis.client.get(self.prefix + key), timeout)
         return value if isinstance(value, bytes) else None
 
-    async def set(self, key: str, value: bytes, ttl_s: float) -> None:
-        await asyncio.wait_for(
-            self._client.set(self.prefix + key, value, px=max(1, int(ttl_s * 1000))), self.timeout_s
-        )
+    async def set(self, key: str, value: bytes, ttl_s: float, deadline: float | None = None) -> None:
+        timeout = self.redis.admit(deadline)
+        if timeout is None:
+            return
+        px = max(1, int(ttl_s * 1000))
+        await self.redis.call(self.redis.client.set(self.prefix + key, value, px=px), timeout)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self.redis.close()
 
 
 @dataclass
 class CacheStats:
     hits: int = 0
     misses: int = 0
-    errors: dict[str, int] = field(default_factory=dict)  # by reason: timeout, connection, ...
+    errors: dict[str, int] = field(default_factory=dict)  # by reason: timeout, ConnectionError, ...
     shared: int = 0  # misses answered by another request's computation (single-flight)
 
 
@@ -198,39 +203,38 @@ class ResponseCache:
         self.stats = CacheStats()
         self._inflight: dict[str, asyncio.Future[list[InferTensor]]] = {}
 
-    def _error(self, exc: BaseException) -> None:
-        """Count the failure for this model; the backend's breaker backs off and logs."""
+    def _error(self, exc: Exception) -> None:
+        """Count the failure for this model (the backend has logged it)."""
         reason = error_reason(exc)
         self.stats.errors[reason] = self.stats.errors.get(reason, 0) + 1
-        failed = getattr(self.backend, "failed", None)
-        if failed is not None:
-            failed(exc)
-        else:
-            log.warning("response cache (%s) failed: %s", self.backend.name, exc)
 
-    async def _lookup(self, key: str) -> list[InferTensor] | None:
-        if not getattr(self.backend, "available", True):
-            return None
+    async def _lookup(self, key: str, deadline: float | None) -> tuple[list[InferTensor] | None, bool]:
+        """The cached outputs (None for a miss) and whether the backend answered."""
         try:
-            blob = await self.backend.get(key)
+            blob = await self.backend.get(key, deadline)
         except Exception as exc:  # Redis down, slow or broken: answer without the cache
             self._error(exc)
-            return None
-        return decode_outputs(blob) if blob is not None else None
+            return None, False
+        return (decode_outputs(blob) if blob is not None else None), True
 
-    async def _store(self, key: str, outputs: list[InferTensor]) -> None:
-        if not getattr(self.backend, "available", True):
-            return
+    async def _store(self, key: str, outputs: list[InferTensor], deadline: float | None) -> None:
         try:
-            await self.backend.set(key, encode_outputs(outputs), self.ttl_s)
+            await self.backend.set(key, encode_outputs(outputs), self.ttl_s, deadline)
         except Exception as exc:
             self._error(exc)
 
     async def get_or_compute(
-        self, key: str, compute: Callable[[], Awaitable[list[InferTensor]]]
+        self,
+        key: str,
+        compute: Callable[[], Awaitable[list[InferTensor]]],
+        deadline: float | None = None,
     ) -> tuple[list[InferTensor], bool]:
-        """The outputs for ``key`` and whether they came from the cache."""
-        cached = await self._lookup(key)
+        """The outputs for ``key`` and whether they came from the cache.
+
+        ``deadline`` (an absolute ``time.perf_counter()``, or None) bounds the cache's own
+        calls: a lookup or store with no time left is skipped. Raises what ``compute``
+        raises; a failing cache never fails the request."""
+        cached, answered = await self._lookup(key, deadline)
         if cached is not None:
             self.stats.hits += 1
             return cached, True
@@ -251,7 +255,8 @@ class ResponseCache:
         finally:
             self._inflight.pop(key, None)
         future.set_result(outputs)
-        await self._store(key, outputs)
+        if answered:  # not after a failed lookup: one stall would count twice per request
+            await self._store(key, outputs, deadline)
         return outputs, False
 
 
@@ -259,7 +264,7 @@ class CacheFactory:
     """Makes each model version's cache from its config; one Redis client for the server."""
 
     def __init__(
-        self, redis_url: str = "redis://127.0.0.1:6379/0", timeout_s: float = 0.005, backoff_s: float = 1.0
+        self, redis_url: str = "redis://127.0.0.1:6379/0", timeout_s: float = 0.05, backoff_s: float = 1.0
     ) -> None:
         self.redis_url = redis_url
         self.timeout_s = timeout_s

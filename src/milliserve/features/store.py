@@ -10,7 +10,6 @@ the request, as the config chooses.
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import logging
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import numpy as np
 
 from milliserve.config.steps import Features
 from milliserve.errors import ConfigError, UnavailableError
-from milliserve.redis_client import Breaker, redis_client
+from milliserve.redis_client import BoundedRedis, Breaker
 
 __all__ = [
     "FeatureLookup",
@@ -61,9 +60,12 @@ def load_table(path: Path, key: str) -> tuple[list[str], dict[str, list[str]]]:
 
 
 class FeatureLookup(Protocol):
-    async def fetch(self, ids: list[str]) -> tuple[list[list[float] | None], bool]:
+    async def fetch(
+        self, ids: list[str], deadline: float | None = None
+    ) -> tuple[list[list[float] | None], bool]:
         """Feature rows per id (None when the entity is unknown) and whether the source was
-        unavailable (all rows None then)."""
+        unavailable (all rows None then). ``deadline`` (an absolute ``time.perf_counter()``,
+        or None) bounds a source that waits on something."""
         ...
 
 
@@ -85,31 +87,42 @@ class TableFeatures:
                     f"feature table {path}: entity {entity!r} has a non-numeric feature"
                 ) from None
 
-    async def fetch(self, ids: list[str]) -> tuple[list[list[float] | None], bool]:
+    async def fetch(
+        self, ids: list[str], deadline: float | None = None
+    ) -> tuple[list[list[float] | None], bool]:
         return [self.rows.get(i) for i in ids], False
 
 
 class RedisFeatures:
-    """Redis hashes ``<prefix><id>``, one HMGET per entity, pipelined for the batch; every
-    call is bounded by ``timeout_s`` and a failure leaves Redis alone for ``backoff_s``."""
+    """Redis hashes ``<prefix><id>``, one HMGET per entity, pipelined for the batch.
+
+    Every call is bounded by ``timeout_s`` and by the request's deadline (no time left:
+    Redis is skipped and the source reported unavailable, which is not a Redis failure).
+    Failures feed the breaker Redis response caches use: 5 within 1 s leave Redis alone
+    for ``backoff_s``, then one trial call decides."""
 
     def __init__(
         self, url: str, prefix: str, names: list[str], timeout_s: float, backoff_s: float = 1.0
     ) -> None:
         self.prefix, self.names, self.timeout_s, self.backoff_s = prefix, names, timeout_s, backoff_s
-        self._client = redis_client(url, timeout_s)
-        self.breaker = Breaker("feature store (redis)", backoff_s)
+        self.redis = BoundedRedis(url, "feature store (redis)", timeout_s, backoff_s)
 
-    async def fetch(self, ids: list[str]) -> tuple[list[list[float] | None], bool]:
-        if not self.breaker.available:
+    @property
+    def breaker(self) -> Breaker:
+        return self.redis.breaker
+
+    async def fetch(
+        self, ids: list[str], deadline: float | None = None
+    ) -> tuple[list[list[float] | None], bool]:
+        pipe = self.redis.client.pipeline(transaction=False)
+        for i in ids:
+            pipe.hmget(self.prefix + i, self.names)
+        timeout = self.redis.admit(deadline)
+        if timeout is None:  # bypassed, or no time left
             return [None] * len(ids), True
         try:
-            pipe = self._client.pipeline(transaction=False)
-            for i in ids:
-                pipe.hmget(self.prefix + i, self.names)
-            replies = await asyncio.wait_for(pipe.execute(), self.timeout_s)
-        except Exception as exc:  # down, slow, broken: the caller decides (defaults or fail)
-            self.breaker.failed(exc)
+            replies = await self.redis.call(pipe.execute(), timeout)
+        except Exception:  # down, slow, broken (logged by the breaker): the caller decides
             return [None] * len(ids), True
         rows: list[list[float] | None] = []
         for values in replies:
@@ -120,7 +133,7 @@ class RedisFeatures:
         return rows, False
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self.redis.close()
 
 
 @dataclass
@@ -164,28 +177,20 @@ class FeatureSet:
             on_unavailable=f.on_unavailable,
         )
 
-    def entity_ids(self, inputs: list[Any], parameters: dict[str, Any]) -> tuple[list[str], list[Any]]:
-        """The entity ids of a request, and its inputs without the ids input."""
-        if self.entity_input is not None:
-            found = next((t for t in inputs if t.name == self.entity_input), None)
-            if found is None:
-                raise _missing(f"input {self.entity_input!r} with the entity ids")
-            ids = [v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(found.data).reshape(-1)]
-            return ids, [t for t in inputs if t.name != self.entity_input]
-        value = parameters.get(self.entity_parameter or "")
-        if value is None or isinstance(value, bool):
-            raise _missing(f"parameter {self.entity_parameter!r} with the entity id")
-        return [str(value)], inputs
-
     async def close(self) -> None:
         """Release the source's connections (Redis); a table has none."""
         close = getattr(self.source, "close", None)
         if close is not None:
             await close()
 
-    async def assemble(self, ids: list[str]) -> tuple[np.ndarray[Any, Any], dict[str, Any]]:
-        """The [batch, n] tensor, defaults filled in, and what to tell the client about it."""
-        rows, unavailable = await self.source.fetch(ids)
+    async def assemble(
+        self, ids: list[str], deadline: float | None = None
+    ) -> tuple[np.ndarray[Any, Any], dict[str, Any]]:
+        """The [batch, n] tensor, defaults filled in, and what to tell the client about it.
+
+        ``deadline`` (an absolute ``time.perf_counter()``, or None) bounds the fetch.
+        Raises UnavailableError when the source is unavailable and the model says fail."""
+        rows, unavailable = await self.source.fetch(ids, deadline)
         if unavailable and self.on_unavailable == "fail":
             raise UnavailableError(
                 "the feature store is unavailable and this model's features have no fallback"
@@ -207,12 +212,6 @@ class FeatureSet:
         elif missing:
             notes["features_defaulted"] = f"{missing} unknown entit{'y' if missing == 1 else 'ies'}"
         return out, notes
-
-
-def _missing(what: str) -> Exception:
-    from milliserve.errors import InvalidInputError
-
-    return InvalidInputError(f"this model fetches features by entity id: the request needs the {what}")
 
 
 def write_table_to_redis(path: Path, key: str, url: str, prefix: str, batch: int = 1000) -> int:

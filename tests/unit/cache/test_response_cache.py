@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
 from milliserve.cache.response_cache import (
     MemoryBackend,
@@ -152,20 +153,22 @@ def test_redis_outage_is_bypassed_and_recovers_by_itself(redis_server: RedisServ
             outputs, hit = await cache.get_or_compute(f"down{i}", lambda: _ready(_outputs(0.7)))
             assert not hit and float(outputs[0].data[0, 0]) == pytest.approx(0.7)
             assert time.perf_counter() - t0 < 0.1
-        assert sum(cache.stats.errors.values()) >= 1
+        assert sum(cache.stats.errors.values()) >= 5 and backend.breaker.state != "closed"
         redis_server.start()
-        await asyncio.sleep(0.25)  # past the backoff: Redis is tried again
-        await cache.get_or_compute("back", lambda: _ready(_outputs(0.2)))
-        outputs, hit = await cache.get_or_compute("back", lambda: _ready(_outputs(0.0)))
+        for _ in range(500):  # past the backoff a trial call finds Redis back: poll for it
+            await cache.get_or_compute("back", lambda: _ready(_outputs(0.2)))
+            outputs, hit = await cache.get_or_compute("back", lambda: _ready(_outputs(0.0)))
+            if hit:
+                break
+            await asyncio.sleep(0.02)
         assert hit and float(outputs[0].data[0, 0]) == pytest.approx(0.2)
+        assert backend.breaker.state == "closed"
         await backend.close()
 
     asyncio.run(main())
 
 
 def test_slow_redis_never_stalls_a_request(redis_server: RedisServer) -> None:
-    import redis
-
     async def main() -> None:
         backend = RedisBackend(redis_server.url, timeout_s=0.01, backoff_s=0.05)
         cache = ResponseCache(backend, ttl_s=60)
@@ -189,16 +192,75 @@ def test_slow_redis_never_stalls_a_request(redis_server: RedisServer) -> None:
     asyncio.run(main())
 
 
-def test_breaker_backs_off_and_logs_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
-    from milliserve.redis_client import Breaker, error_reason
+def _pause(url: str, ms: int) -> redis.Redis:
+    """Make Redis answer nobody for ``ms`` (CLIENT PAUSE returns at once, then holds every
+    client's commands); the returned client's next command returns when the pause ends."""
+    pauser = redis.Redis.from_url(url)
+    assert pauser.execute_command("CLIENT", "PAUSE", str(ms), "ALL")
+    return pauser
 
-    breaker = Breaker("thing", backoff_s=0.05, log_interval_s=60)
-    assert breaker.available
-    with caplog.at_level("WARNING"):
-        breaker.failed(TimeoutError())
-        breaker.failed(ConnectionError("refused"))
-    assert not breaker.available and breaker.errors == 2
-    assert len([r for r in caplog.records if "thing unavailable" in r.getMessage()]) == 1
-    time.sleep(0.06)
-    assert breaker.available
-    assert error_reason(TimeoutError()) == "timeout" and error_reason(OSError()) == "OSError"
+
+async def _pause_over(pauser: redis.Redis) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, pauser.ping)
+    pauser.close()
+
+
+def test_a_few_slow_answers_do_not_bypass_a_busy_redis(redis_server: RedisServer) -> None:
+    async def main() -> None:
+        backend = RedisBackend(redis_server.url, backoff_s=60)  # the default 50 ms timeout
+        cache = ResponseCache(backend, ttl_s=60)
+        await cache.get_or_compute("k", lambda: _ready(_outputs(0.6)))
+        pauser = _pause(redis_server.url, 500)
+        slow = await asyncio.gather(
+            *(cache.get_or_compute("k", lambda: _ready(_outputs(0.0))) for _ in range(4))
+        )
+        assert not any(hit for _, hit in slow) and cache.stats.errors == {"timeout": 4}
+        await _pause_over(pauser)
+        outputs, hit = await cache.get_or_compute("k", lambda: _ready(_outputs(0.0)))
+        assert hit and float(outputs[0].data[0, 0]) == pytest.approx(0.6)  # not bypassed for 60 s
+        assert backend.breaker.state == "closed"
+        await backend.close()
+
+    asyncio.run(main())
+
+
+def test_timed_out_calls_leave_the_connection_pool_usable(redis_server: RedisServer) -> None:
+    async def main() -> None:
+        backend = RedisBackend(redis_server.url, timeout_s=0.05, backoff_s=60)
+        await backend.set("a", b"A", ttl_s=60)
+        await backend.set("b", b"B", ttl_s=60)
+        pauser = _pause(redis_server.url, 300)
+        late = await asyncio.gather(*(backend.get("a") for _ in range(4)), return_exceptions=True)
+        assert all(isinstance(r, TimeoutError) for r in late), late
+        await _pause_over(pauser)  # the cancelled GETs' replies are sent now ...
+        got = await asyncio.gather(*(backend.get(k) for k in "bababa"))
+        assert got == [b"B", b"A"] * 3  # ... and never read as another call's answer
+        assert backend.breaker.state == "closed" and backend.breaker.errors == 4
+        await backend.close()
+
+    asyncio.run(main())
+
+
+def test_the_request_deadline_bounds_redis_and_no_time_left_skips_it(redis_server: RedisServer) -> None:
+    async def main() -> None:
+        backend = RedisBackend(redis_server.url, timeout_s=5.0, backoff_s=60)
+        cache = ResponseCache(backend, ttl_s=60)
+        await cache.get_or_compute("k", lambda: _ready(_outputs(0.8)))
+        pauser = _pause(redis_server.url, 1000)
+        # bounded by the 5 s timeout this would wait the pause out and hit; the deadline wins
+        _, hit = await cache.get_or_compute(
+            "k", lambda: _ready(_outputs(0.0)), deadline=time.perf_counter() + 0.05
+        )
+        assert not hit and cache.stats.errors == {"timeout": 1}
+        await _pause_over(pauser)
+        errors = backend.breaker.errors
+        outputs, hit = await cache.get_or_compute(
+            "late", lambda: _ready(_outputs(0.5)), deadline=time.perf_counter() - 0.001
+        )
+        assert not hit and float(outputs[0].data[0, 0]) == pytest.approx(0.5)
+        assert backend.breaker.errors == errors and cache.stats.errors == {"timeout": 1}  # not a failure
+        assert await backend.get("late") is None  # nor stored: no time was left for that either
+        assert (await cache.get_or_compute("k", lambda: _ready(_outputs(0.0)), deadline=None))[1]
+        await backend.close()
+
+    asyncio.run(main())
