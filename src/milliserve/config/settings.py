@@ -10,26 +10,80 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["GrpcSettings", "HttpSettings", "MetricsSettings", "Settings", "hf_offline_env"]
+__all__ = [
+    "AuthSettings",
+    "GrpcSettings",
+    "HttpSettings",
+    "MetricsSettings",
+    "RedisSettings",
+    "Settings",
+    "hf_offline_env",
+]
 
 MiB = 1024 * 1024
 
 
+def _fd_share(divisor: int) -> int:
+    """A listener's default connection cap: a share of this process's open-file limit
+    (RLIMIT_NOFILE, soft), at most 10,000, so that a flood of connections is refused
+    before it runs the process out of file descriptors."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return 10_000
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 10_000
+    return max(1, min(10_000, soft // divisor))
+
+
 class HttpSettings(BaseModel):
+    """The HTTP listener. The limits also apply to the metrics port (issue 10)."""
+
     model_config = ConfigDict(extra="forbid")
     enabled: bool = True
     port: int = Field(8000, ge=0, le=65535)
     max_request_bytes: int = Field(32 * MiB, ge=1024)
+    # the request line and all headers; more is answered 431 without reading it (h11's default)
+    max_header_bytes: int = Field(16 * 1024, ge=1024)
+    # from a connection's first byte (or from connecting) to its complete headers; then 408
+    header_timeout_s: float = Field(10.0, gt=0)
+    # from complete headers to the whole body; then 408
+    body_timeout_s: float = Field(30.0, gt=0)
+    # an idle keep-alive connection is closed after this; responses say `Keep-Alive: timeout=N`
+    keep_alive_s: float = Field(5.0, gt=0)
+    # open connections beyond this are answered 503 and closed at once; half the fd limit
+    max_connections: int = Field(default_factory=lambda: _fd_share(2), ge=1)
 
 
 class GrpcSettings(BaseModel):
+    """The gRPC listener; each limit becomes a grpc core channel argument (server/grpc/options.py)."""
+
     model_config = ConfigDict(extra="forbid")
     enabled: bool = True
     port: int = Field(8001, ge=0, le=65535)
     max_message_bytes: int = Field(32 * MiB, ge=1024)
+    # all metadata (headers) of a call, as HTTP's max_header_bytes; more is refused
+    max_metadata_bytes: int = Field(16 * 1024, ge=1024)
+    # concurrent calls on one HTTP/2 connection
+    max_concurrent_streams: int = Field(1000, ge=1)
+    # open connections; a quarter of the fd limit (HTTP has half)
+    max_connections: int = Field(default_factory=lambda: _fd_share(4), ge=1)
+    # from TCP accept to the client's HTTP/2 settings; a connection that sends nothing is closed
+    handshake_timeout_s: float = Field(10.0, gt=0)
+    # a connection without calls for this long is sent GOAWAY (clients reconnect on their next call)
+    idle_timeout_s: float = Field(300.0, gt=0)
+    # the server pings a connection quiet for this long, and closes it if the ping is not
+    # answered within keepalive_timeout_s: peers that vanished without a FIN do not stay forever
+    keepalive_time_s: float = Field(60.0, gt=0)
+    keepalive_timeout_s: float = Field(20.0, gt=0)
+    # client pings closer together than this (without data) are strikes; after
+    # max_ping_strikes the connection is closed (ping floods)
+    min_ping_interval_s: float = Field(10.0, gt=0)
+    max_ping_strikes: int = Field(2, ge=0)
 
 
 class MetricsSettings(BaseModel):
@@ -42,10 +96,33 @@ class RedisSettings(BaseModel):
     """Redis for response caches with ``backend: redis`` (and, later, feature stores)."""
 
     url: str = "redis://127.0.0.1:6379/0"
-    # every Redis call is bounded by this; a slower Redis is bypassed, never waited on
-    timeout_ms: float = Field(5.0, gt=0)
-    # after a failure Redis is left alone this long before it is tried again
+    # Every Redis call is bounded by this and by the request's deadline; a call that
+    # takes longer is a miss. 50 ms, because on a 2-vCPU shared machine a healthy Redis
+    # round trip under CPU contention takes several ms, with a tail in the tens: a 5 ms
+    # bound turned a busy Redis into a stream of timeouts (issue 10).
+    timeout_ms: float = Field(50.0, gt=0)
+    # 5 failures within 1 s leave Redis alone this long; then one trial call decides
     backoff_s: float = Field(1.0, ge=0)
+
+
+class AuthSettings(BaseModel):
+    """Optional token authentication (``--auth-token``, ``MILLISERVE_AUTH__TOKEN``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # required as `Authorization: Bearer <token>` or `x-api-key` on every inference,
+    # metadata and repository call (HTTP and gRPC); None: no authentication
+    token: SecretStr | None = None
+    # health (/v2/health/*, gRPC ServerLive/ServerReady/ModelReady) and metrics stay open
+    # unless these close them
+    protect_health: bool = False
+    protect_metrics: bool = False
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _nonempty(cls, v: object) -> object:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("the auth token is empty; give a token or leave it unset")
+        return v
 
 
 class Settings(BaseSettings):
@@ -70,6 +147,12 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     # Seconds to finish in-flight requests after SIGTERM before giving up.
     shutdown_grace_s: float = Field(30.0, ge=0)
+    auth: AuthSettings = AuthSettings()
+    # Ready means every model that should serve does (Triton's --strict-readiness); off:
+    # ready as long as the server answers, whatever failed to load.
+    strict_readiness: bool = True
+    # Whether error messages may list the repository's models (a 404 for an unknown one).
+    expose_model_names: bool = False
     # "auto": keep the event loop on one CPU and run microsecond models' workers beside it
     # (Linux); "off": leave thread placement to the OS.
     cpu_affinity: Literal["auto", "off"] = "auto"

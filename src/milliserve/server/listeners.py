@@ -1,0 +1,79 @@
+"""The listening ports, bound before anything starts, so that a port in use is a one-line
+error that names it, before any model loads (issue 10).
+
+Sockets get SO_REUSEADDR (a restart may bind while its predecessor's connections sit
+in TIME_WAIT) and never SO_REUSEPORT: a second server on the same port must fail, not
+share the port and take half its calls.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from milliserve.errors import ConfigError
+
+__all__ = ["GRPC", "HTTP", "METRICS", "Listener", "bind_grpc", "bind_tcp"]
+
+# pending connections the kernel queues before accept (uvicorn's default)
+BACKLOG = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """Which port: its name in messages and the flag that changes it."""
+
+    name: str
+    flag: str
+
+
+HTTP = Listener("HTTP", "--http-port")
+GRPC = Listener("gRPC", "--grpc-port")
+METRICS = Listener("metrics", "--metrics-port")
+
+
+def _bind_error(listener: Listener, host: str, port: int, exc: OSError) -> ConfigError:
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(
+            f"the {listener.name} port {port} on {host} is already in use (another server?); "
+            f"choose another with {listener.flag}"
+        )
+    reason = exc.strerror or str(exc)
+    return ConfigError(f"cannot listen on {host} port {port} for {listener.name}: {reason}")
+
+
+def bind_tcp(host: str, port: int, listener: Listener) -> socket.socket:
+    """A bound, listening, non-blocking socket on ``host:port`` (port 0: any free port).
+
+    Raises ConfigError naming the port and the listener when it cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise _bind_error(listener, host, port, exc) from None
+    return sock
+
+
+def bind_grpc(server: Any, host: str, port: int) -> int:
+    """Add the insecure port to a grpc.aio server (built with ``grpc.so_reuseport`` 0) and
+    return the port bound. Raises ConfigError naming the port when it cannot be had.
+
+    grpc core does not say why a bind failed (and logs its own lines), so the port is
+    tried here first with a plain socket."""
+    if port != 0:
+        bind_tcp(host, port, GRPC).close()
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = int(server.add_insecure_port(address))
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise ConfigError(f"cannot listen on {host} port {port} for gRPC (grpc could not bind {address})")
+    return bound
