@@ -1,14 +1,16 @@
 """The one exception hierarchy of milliserve.
 
-Core code raises these; only the front ends (server/http, server/grpc) map them
-to status codes. Messages name the offending value and what was expected.
+Core code raises these; ``milliserve.status`` holds the one table that maps them to
+HTTP statuses, gRPC codes and failure reasons. Messages name the offending value
+and what was expected.
 
     MilliserveError
     ├── ConfigError                  a model or server configuration is wrong
     ├── RequestError                 the request is at fault (HTTP 400 / INVALID_ARGUMENT)
     │   ├── MalformedRequestError    the body cannot be decoded (bad JSON, truncated binary, ...)
     │   ├── InvalidInputError        decodable, but does not match the model (name, datatype, shape)
-    │   └── RequestTooLargeError     the body is over the size limit (HTTP 413)
+    │   ├── RequestTooLargeError     the body is over the size limit (HTTP 413)
+    │   └── UnauthorizedError        no valid token with a server that requires one (HTTP 401)
     ├── NotFoundError                unknown model or version (HTTP 404 / NOT_FOUND)
     ├── UnavailableError             cannot serve now (HTTP 503 / UNAVAILABLE)
     │   ├── ModelNotReadyError       the model is loading, unloading or failed to load
@@ -38,6 +40,7 @@ __all__ = [
     "RequestError",
     "RequestTooLargeError",
     "ServerShuttingDownError",
+    "UnauthorizedError",
     "UnavailableError",
 ]
 
@@ -68,6 +71,10 @@ class InvalidInputError(RequestError):
 
 class RequestTooLargeError(RequestError):
     """The request body is larger than the configured limit."""
+
+
+class UnauthorizedError(RequestError):
+    """The server requires a token (``--auth-token``) and the request has none that matches."""
 
 
 class NotFoundError(MilliserveError):

@@ -15,7 +15,7 @@ import urllib.request
 from contextlib import closing
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 from milliserve.config.settings import GrpcSettings, HttpSettings, MetricsSettings, Settings
 from milliserve.server.app import Server
@@ -135,7 +135,9 @@ class InProcessServer:
         model_control_mode: Literal["none", "explicit"] = "none",
         listen: bool = True,
         max_request_bytes: int = 1 << 20,
+        **settings: Any,
     ) -> None:
+        """``settings`` are further fields of ``Settings`` (e.g. ``strict_readiness=False``)."""
         self.settings = Settings(
             model_repository=repository,
             http=HttpSettings(port=free_port(), enabled=listen, max_request_bytes=max_request_bytes),
@@ -143,6 +145,7 @@ class InProcessServer:
             metrics=MetricsSettings(port=free_port(), enabled=listen),
             model_control_mode=model_control_mode,
             shutdown_grace_s=5,
+            **settings,
         )
         self.server = Server(self.settings)
 

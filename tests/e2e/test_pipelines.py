@@ -171,8 +171,10 @@ ensemble_scheduling:
         (tmp_path / name / "config.yaml").write_text(text)
     # explicit mode, only the pipeline named: its model is loaded first, on its own
     loads = [a for name in ("doubled", "missing_model", "bad_function") for a in ("--load-model", name)]
+    # lenient readiness: the server is ready although two pipelines failed (strict is the default)
+    lenient = ("--strict-readiness", "false")
     with (
-        ServerProcess(tmp_path, "--model-control-mode", "explicit", *loads) as server,
+        ServerProcess(tmp_path, "--model-control-mode", "explicit", *loads, *lenient) as server,
         httpx.Client() as c,
     ):
         body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.5, -2]}]}

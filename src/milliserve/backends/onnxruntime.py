@@ -28,12 +28,20 @@ from typing import Any
 import numpy as np
 
 from milliserve.backends.base import BackendInfo
+from milliserve.backends.registry import Instance
 from milliserve.config.model_config import RUNTIME_PARAMETERS, ModelConfig
 from milliserve.errors import BackendError, ConfigError, InvalidInputError
 from milliserve.protocol.datatypes import BYTES
 from milliserve.protocol.types import TensorSpec
 
-__all__ = ["OnnxRuntimeBackend", "OrtOptions", "parse_ort_options", "tensor_spec"]
+__all__ = [
+    "FACTORY",
+    "OnnxRuntimeBackend",
+    "OnnxRuntimeFactory",
+    "OrtOptions",
+    "parse_ort_options",
+    "tensor_spec",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +67,7 @@ _PROVIDERS = {
     "tensorrt": "TensorrtExecutionProvider",
     "openvino": "OpenVINOExecutionProvider",
 }
+_GPU_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
 _LEVELS = ("disable", "basic", "extended", "all")
 KNOWN_PARAMETERS = frozenset(
     {
@@ -107,8 +116,6 @@ def parse_ort_options(config: ModelConfig) -> OrtOptions:
     if level not in _LEVELS:
         raise ConfigError(f"parameter 'graph_optimization_level' must be one of {_LEVELS}, got {level!r}")
     names = [p.strip().lower() for p in params.get("execution_providers", "").split(",") if p.strip()]
-    if any(g.kind == "KIND_GPU" for g in config.instance_group) and "cuda" not in names:
-        names.insert(0, "cuda")
     bad = [n for n in names if n not in _PROVIDERS]
     if bad:
         raise ConfigError(
@@ -136,18 +143,47 @@ def tensor_spec(node: Any) -> TensorSpec:
     return TensorSpec(node.name, datatype, dims)
 
 
+_NODE_FAILURE = "Non-zero status code returned while running"
+
+
+def _status_message(exc: Exception) -> str:
+    """ORT's message without its source-file prefix: 'running Add node add_6: Attempting to
+    broadcast an axis by a dimension other than 1. 512 by 600'."""
+    text = str(exc)
+    head, _, status = text.partition("Status Message:")
+    if not status:
+        return text
+    node = head.split(_NODE_FAILURE, 1)[-1].replace(". Name:''", "").strip(" .")
+    detail = status.strip()
+    if " was false. " in detail:  # drop the C++ assertion that precedes the explanation
+        detail = detail.split(" was false. ", 1)[1]
+    return f"{node}: {detail}" if node else detail
+
+
 class OnnxRuntimeBackend:
     """One ONNX Runtime session (one model instance)."""
 
-    def __init__(self, model_path: Path, options: OrtOptions) -> None:
+    def __init__(self, model_path: Path, options: OrtOptions, instance: Instance | None = None) -> None:
         import onnxruntime as ort
 
         available = set(ort.get_available_providers())
         notes: list[str] = []
-        providers = []
-        for p in options.providers:
+        providers: list[Any] = []
+        wanted = list(options.providers)
+        gpu = instance is not None and instance.kind == "KIND_GPU"
+        if gpu and _PROVIDERS["cuda"] not in wanted:
+            wanted.insert(0, _PROVIDERS["cuda"])
+        for p in wanted:
             if p in available:
-                providers.append(p)
+                if gpu and p in _GPU_PROVIDERS:
+                    providers.append((p, {"device_id": str(instance.device if instance else 0)}))
+                else:
+                    providers.append(p)
+            elif gpu and p == _PROVIDERS["cuda"]:
+                raise BackendError(
+                    f"{model_path}: instance {instance.name if instance else ''!r} is KIND_GPU but this "
+                    f"onnxruntime build has no CUDAExecutionProvider (available: {sorted(available)})"
+                )
             else:
                 notes.append(
                     f"execution provider {p} was requested but this onnxruntime build lacks it "
@@ -178,9 +214,10 @@ class OnnxRuntimeBackend:
             platform="onnxruntime_onnx",
             notes=tuple(notes),
         )
-        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+        from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 
         self._invalid_argument = InvalidArgument
+        self._fail = Fail
         self._string_inputs = {s.name for s in self._info.inputs if s.datatype == BYTES}
 
     def info(self) -> BackendInfo:
@@ -201,10 +238,45 @@ class OnnxRuntimeBackend:
         except self._invalid_argument as exc:
             # ORT's INVALID_ARGUMENT comes from the data (e.g. a token id past the vocabulary):
             # the client's fault, so a 400 that names it, not a 500.
-            raise InvalidInputError(f"the model rejected the input data: {exc}") from exc
+            raise InvalidInputError(f"the model rejected the input data: {_status_message(exc)}") from exc
+        except self._fail as exc:
+            # A node that fails on shapes the config allows (a sequence longer than the position
+            # table, two inputs of different lengths that the graph adds): the model loaded and
+            # ran its warmup, so this input is what it cannot take. Allocation failures are not.
+            text = str(exc)
+            if _NODE_FAILURE in text and "alloc" not in text.lower():
+                raise InvalidInputError(
+                    f"the model cannot run on this input: {_status_message(exc)}"
+                ) from exc
+            raise BackendError(f"onnxruntime failed: {exc}") from exc
         except Exception as exc:
             raise BackendError(f"onnxruntime failed: {exc}") from exc
         return dict(zip(outputs, results, strict=True))
 
     def close(self) -> None:
         del self._session
+
+
+class OnnxRuntimeFactory:
+    """The ``onnxruntime`` backend (platform ``onnxruntime_onnx``, ``model.onnx``)."""
+
+    name = "onnxruntime"
+    platforms = ("onnxruntime_onnx",)
+    model_filename = "model.onnx"
+
+    def options(self, config: ModelConfig) -> OrtOptions:
+        return parse_ort_options(config)
+
+    def threads(self, options: OrtOptions) -> int:
+        return options.intra_op_threads
+
+    def gpu_available(self) -> bool:
+        import onnxruntime as ort
+
+        return _PROVIDERS["cuda"] in ort.get_available_providers()
+
+    def create(self, model_path: Path, options: OrtOptions, instance: Instance) -> OnnxRuntimeBackend:
+        return OnnxRuntimeBackend(model_path, options, instance)
+
+
+FACTORY = OnnxRuntimeFactory()

@@ -70,6 +70,20 @@ class TokenizerConfig(Strict):
     ids: str = "input_ids"  # model input for the token ids
     mask: str | None = "attention_mask"  # model input for the attention mask (None: none)
     max_length: int = Field(128, ge=1)
+    # a text longer than max_length tokens: cut to max_length ("truncate") or refused with 400
+    overflow: Literal["truncate", "refuse"] = "truncate"
+    # one text's size limit in UTF-8 bytes, checked before tokenizing (0: 64 bytes per token
+    # of max_length; no WordPiece token of a real text comes near that)
+    max_text_bytes: int = Field(0, ge=0)
+
+    @field_validator("overflow", mode="before")
+    @classmethod
+    def _default_overflow(cls, v: object) -> object:
+        return v or "truncate"  # protobuf's empty string means "not set"
+
+    @property
+    def text_limit(self) -> int:
+        return self.max_text_bytes or 64 * self.max_length
 
 
 class RuleThreshold(Strict):

@@ -1,6 +1,14 @@
 """The tokenizer step: a text model takes raw strings (a BYTES input) and the server turns
 them into token ids and an attention mask with Hugging Face ``tokenizers`` (Rust, the
-whole batch in one call), never a Python loop over tokens."""
+whole batch in one call), never a Python loop over tokens.
+
+Serves both a model's own ``tokenizer`` config and a pipeline's tokenizer step.
+
+No text can hurt other clients: each text's size is checked against ``max_text_bytes``
+before anything is tokenized (over it: truncated to that many bytes, or refused with
+``overflow: refuse``), and a batch with more than ``OFFLOAD_BYTES`` of text is tokenized
+off the event loop, so a large request delays only itself.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +17,24 @@ from typing import Any
 
 import numpy as np
 
+from milliserve.config.steps import TokenizerConfig
 from milliserve.errors import ConfigError, InvalidInputError
 from milliserve.protocol.types import InferTensor
+from milliserve.road import Call, Offload, Tensors
 
-__all__ = ["TokenizerStep"]
+__all__ = ["OFFLOAD_BYTES", "TokenizerStep"]
+
+# A batch with more text than this is tokenized off the event loop (~0.1 ms of work).
+OFFLOAD_BYTES = 16 * 1024
 
 
 class TokenizerStep:
-    def __init__(self, path: Path, text_input: str, ids: str, mask: str | None, max_length: int) -> None:
+    def __init__(
+        self, name: str, config: TokenizerConfig, model_dir: Path, offload: Offload | None = None
+    ) -> None:
         from tokenizers import Tokenizer
 
+        path = model_dir / config.file
         if not path.is_file():
             raise ConfigError(
                 f"tokenizer {path}: no such file (a tokenizer.json from Hugging Face tokenizers)"
@@ -27,32 +43,75 @@ class TokenizerStep:
             self.tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:
             raise ConfigError(f"tokenizer {path}: cannot load it ({exc})") from None
-        self.tokenizer.enable_truncation(max_length)
+        self.refuse = config.overflow == "refuse"
+        if not self.refuse:
+            self.tokenizer.enable_truncation(config.max_length)
         self.tokenizer.enable_padding(pad_id=0)  # to the longest text of the batch
-        self.text_input, self.ids, self.mask = text_input, ids, mask
+        self.name, self.stage, self.config = name, "preprocess", config
+        self.text_input, self.ids, self.mask = config.text_input, config.ids, config.mask
+        self.max_length, self.text_limit = config.max_length, config.text_limit
+        self.needs: tuple[str, ...] = (self.text_input,)
+        self.makes: tuple[str, ...] = (self.ids,) + ((self.mask,) if self.mask else ())
+        self._offload = offload
 
-    def apply(self, inputs: list[InferTensor]) -> list[InferTensor]:
-        """Replace the text input by the token ids (and mask) tensors, INT64 [batch, tokens]."""
-        found = next((t for t in inputs if t.name == self.text_input), None)
-        if found is None:
-            raise InvalidInputError(
-                f"this model takes raw text: the request needs the BYTES input {self.text_input!r}"
-            )
+    def _texts(self, found: InferTensor) -> tuple[list[str], int]:
+        """The request's texts, each checked against the size limit, and their total bytes."""
         if found.datatype != "BYTES":
             raise InvalidInputError(
                 f"input {self.text_input!r} must be BYTES (UTF-8 text), got {found.datatype}"
             )
-        try:
-            texts = [
-                v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(found.data).reshape(-1)
-            ]
-        except UnicodeDecodeError as exc:
-            raise InvalidInputError(f"input {self.text_input!r} is not UTF-8 text: {exc}") from None
+        texts: list[str] = []
+        total = 0
+        limit = self.text_limit
+        for i, v in enumerate(np.asarray(found.data).reshape(-1)):
+            raw = v if isinstance(v, bytes) else str(v).encode()
+            cut = len(raw) > limit
+            if cut:
+                if self.refuse:
+                    raise InvalidInputError(
+                        f"input {self.text_input!r} element {i} has {len(raw)} bytes of text; this "
+                        f"model takes at most {limit} (tokenizer max_text_bytes)"
+                    )
+                raw = raw[:limit]
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError as exc:
+                if not (cut and exc.start >= limit - 3):  # not merely a character cut in two
+                    raise InvalidInputError(
+                        f"input {self.text_input!r} element {i} is not UTF-8 text: {exc}"
+                    ) from None
+                text = raw[: exc.start].decode()
+            texts.append(text)
+            total += len(raw)
+        return texts, total
+
+    def _encode(self, texts: list[str]) -> list[InferTensor]:
         enc = self.tokenizer.encode_batch(texts)
+        if self.refuse:
+            for i, e in enumerate(enc):
+                if len(e.ids) > self.max_length:
+                    raise InvalidInputError(
+                        f"input {self.text_input!r} element {i} is {len(e.ids)} tokens long; this "
+                        f"model takes at most {self.max_length} (tokenizer max_length)"
+                    )
         ids = np.array([e.ids for e in enc], dtype=np.int64)
-        out: list[Any] = [t for t in inputs if t.name != self.text_input]
-        out.append(InferTensor(self.ids, "INT64", ids.shape, ids))
+        out = [InferTensor(self.ids, "INT64", ids.shape, ids)]
         if self.mask is not None:
             mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
             out.append(InferTensor(self.mask, "INT64", mask.shape, mask))
         return out
+
+    async def run(self, tensors: Tensors, call: Call) -> None:
+        found = tensors.get(self.text_input)
+        if found is None:
+            raise InvalidInputError(
+                f"this model takes raw text: the request needs the BYTES input {self.text_input!r}"
+            )
+        texts, total = self._texts(found)
+        made: Any
+        if total > OFFLOAD_BYTES and self._offload is not None:
+            made = await self._offload(self._encode, texts)
+        else:
+            made = self._encode(texts)
+        for t in made:
+            tensors[t.name] = t

@@ -3,8 +3,8 @@ request's working set and writes its results back under new names:
 
 - ``model``: a model of the repository, through its own batcher, cache and deadline checks
   (Triton's ``model_name`` / ``input_map`` / ``output_map``);
-- ``tokenizer``: raw text (BYTES) to token ids and mask, Rust ``tokenizers``, whole batch at once;
-- ``features``: entity ids to a feature tensor, from a table or Redis;
+- ``tokenizer`` and ``features``: the same steps a model can put in front of itself
+  (``features/tokenize.py``, ``features/fetch.py``);
 - ``rules``: a score to a label (thresholds, or the largest of named columns);
 - ``python``: a custom ``package.module:function`` over numpy arrays.
 """
@@ -14,52 +14,17 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from milliserve.config.steps import PipelineStep, PythonStep, Rules
 from milliserve.errors import BackendError, ConfigError, MilliserveError
-from milliserve.features.store import FeatureSet
-from milliserve.features.tokenize import TokenizerStep
 from milliserve.protocol.datatypes import numpy_to_oip
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
+from milliserve.road import Call, Tensors
 
-__all__ = [
-    "FetchFeatures",
-    "ModelCall",
-    "PythonCall",
-    "RulesStep",
-    "Step",
-    "StepContext",
-    "Tensors",
-    "Tokenize",
-    "load_function",
-    "tensor",
-]
-
-Tensors = dict[str, InferTensor]
-
-
-@dataclass(slots=True)
-class StepContext:
-    """What one request carries through the steps besides its tensors."""
-
-    request_id: str
-    parameters: dict[str, Any]
-    deadline: float | None
-    stages: dict[str, float]
-    notes: dict[str, Any] = field(default_factory=dict)
-
-
-class Step(Protocol):
-    name: str  # for messages: "step 2 (model fraud_mlp)"
-    stage: str  # where its time goes in Server-Timing; "" when it records its own stages
-    needs: tuple[str, ...]
-    makes: tuple[str, ...]
-
-    async def run(self, tensors: Tensors, ctx: StepContext) -> None: ...
+__all__ = ["ModelCall", "PythonCall", "RulesStep", "load_function", "tensor"]
 
 
 class _Named:
@@ -71,31 +36,6 @@ class _Named:
 
 def tensor(name: str, data: np.ndarray[Any, Any]) -> InferTensor:
     return InferTensor(name, numpy_to_oip(data.dtype), tuple(data.shape), data)
-
-
-class Tokenize(_Named):
-    def __init__(self, name: str, step: TokenizerStep) -> None:
-        self.name, self.stage, self.step = name, "preprocess", step
-        self.needs = (step.text_input,)
-        self.makes = (step.ids,) + ((step.mask,) if step.mask else ())
-
-    async def run(self, tensors: Tensors, ctx: StepContext) -> None:
-        for t in self.step.apply([tensors[self.step.text_input]]):
-            tensors[t.name] = t
-
-
-class FetchFeatures(_Named):
-    def __init__(self, name: str, features: FeatureSet) -> None:
-        self.name, self.stage, self.features = name, "features", features
-        self.needs = (features.entity_input,) if features.entity_input else ()
-        self.makes = (features.input,)
-
-    async def run(self, tensors: Tensors, ctx: StepContext) -> None:
-        f = self.features
-        ids, _ = f.entity_ids([tensors[n] for n in self.needs], ctx.parameters)
-        values, notes = await f.assemble(ids)
-        tensors[f.input] = InferTensor(f.input, "FP32", values.shape, values)
-        ctx.notes.update(notes)
 
 
 class RulesStep(_Named):
@@ -115,7 +55,7 @@ class RulesStep(_Named):
                 [t.label.encode() for t in rules.thresholds] + [rules.default.encode()], dtype=object
             )
 
-    async def run(self, tensors: Tensors, ctx: StepContext) -> None:
+    async def run(self, tensors: Tensors, call: Call) -> None:
         r = self.rules
         x = np.asarray(tensors[r.input].data)
         if x.dtype.kind not in "fiu":
@@ -178,7 +118,7 @@ class PythonCall(_Named):
         self._async = inspect.iscoroutinefunction(self.fn)
         self._params = dict(spec.parameters)
 
-    async def run(self, tensors: Tensors, ctx: StepContext) -> None:
+    async def run(self, tensors: Tensors, call: Call) -> None:
         inputs = {n: tensors[n].data for n in self.needs}
         try:
             result = self.fn(inputs, self._params)
@@ -230,7 +170,7 @@ class ModelCall(_Named):
         self._requested = [RequestedOutput(m) for m in self.outputs]
         self._get = get
 
-    async def run(self, tensors: Tensors, ctx: StepContext) -> None:
+    async def run(self, tensors: Tensors, call: Call) -> None:
         inputs = []
         for model_input, src in self.inputs:
             t = tensors[src]
@@ -239,10 +179,10 @@ class ModelCall(_Named):
             self.model,
             self.version,
             inputs,
-            id=ctx.request_id,
+            id=call.request.id,
             outputs=list(self._requested),
-            parameters=ctx.parameters,
-            deadline=ctx.deadline,
+            parameters=call.request.parameters,
+            deadline=call.deadline,
         )
         try:
             response: InferResponse = await self._get(self.model, self.version).infer(request)
@@ -251,9 +191,9 @@ class ModelCall(_Named):
         for t in response.outputs:
             dest = self.outputs[t.name]
             tensors[dest] = InferTensor(dest, t.datatype, t.shape, t.data)
-        stages = ctx.stages
+        stages = call.stages
         for k, v in response.timings.items():
             stages[k] = stages.get(k, 0.0) + v
         if response.record_stages is not None:  # the model's own stage histograms
             response.record_stages(response.timings)
-        ctx.notes.update(response.parameters)
+        call.notes.update(response.parameters)

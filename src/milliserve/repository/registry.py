@@ -17,12 +17,13 @@ from typing import Any
 from milliserve.cache.response_cache import CacheFactory
 from milliserve.config.model_config import ModelConfig
 from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError
-from milliserve.pipeline.runtime import PipelineRuntime
+from milliserve.pipeline.ensemble import PipelineRuntime
 from milliserve.repository.repository import Repository
 from milliserve.runtime.executor import Executor
 from milliserve.runtime.model_runtime import ModelRuntime
+from milliserve.runtime.servable import Servable
 
-Runtime = ModelRuntime | PipelineRuntime
+Runtime = Servable
 
 __all__ = ["ModelRegistry", "ModelState"]
 
@@ -54,11 +55,18 @@ class ModelRegistry:
     """Loads models from a Repository and hands out ready ModelRuntimes."""
 
     def __init__(
-        self, repository: Repository, executor: Executor, caches: CacheFactory | None = None
+        self,
+        repository: Repository,
+        executor: Executor,
+        caches: CacheFactory | None = None,
+        expose_names: bool = False,
     ) -> None:
         self.repository = repository
         self._executor = executor
         self.caches = caches or CacheFactory()
+        # whether a 404 may list the models this server has (off: a client learns nothing
+        # about the repository it did not ask for)
+        self.expose_names = expose_names
         self._entries: dict[str, _Entry] = {}
         self._resolving: set[str] = set()  # pipelines whose dependencies are being loaded
 
@@ -82,7 +90,7 @@ class ModelRegistry:
                 if had_versions:
                     log.error("reload of %s failed, still serving the old versions: %s", name, exc)
                 else:
-                    entry.state, entry.reason = ModelState.UNAVAILABLE, exc.message
+                    entry.state, entry.reason = ModelState.UNAVAILABLE, self.repository.relative(exc.message)
                     log.error("model %s failed to load: %s", name, exc)
                 raise
             old = entry.versions
@@ -142,7 +150,9 @@ class ModelRegistry:
         model_dir = self.repository.model_dir(name)
         built: dict[str, Runtime] = {}
         for v in versions:
-            built[str(v)] = await PipelineRuntime.load(config, str(v), model_dir, self.get, self.caches)
+            built[str(v)] = await PipelineRuntime.load(
+                config, str(v), model_dir, self.get, self.caches, self._executor.offload
+            )
         return built
 
     async def load_all(self, names: list[str] | None = None) -> None:
@@ -180,8 +190,8 @@ class ModelRegistry:
         """
         entry = self._entries.get(name)
         if entry is None:
-            known = sorted(self._entries)
-            raise NotFoundError(f"unknown model {name!r} (this server has {known})")
+            known = f" (this server has {sorted(self._entries)})" if self.expose_names else ""
+            raise NotFoundError(f"unknown model {name!r}{known}")
         if not entry.versions:
             why = f": {entry.reason}" if entry.reason else ""
             raise ModelNotReadyError(f"model {name!r} is not ready ({entry.state}{why})")
@@ -205,6 +215,15 @@ class ModelRegistry:
 
     def is_loading(self) -> bool:
         return any(e.state == ModelState.LOADING for e in self._entries.values())
+
+    def unavailable(self) -> list[str]:
+        """Models that should serve and cannot: they failed to load (not those unloaded on
+        purpose through the repository API)."""
+        return sorted(
+            n
+            for n, e in self._entries.items()
+            if e.state == ModelState.UNAVAILABLE and e.reason != "unloaded"
+        )
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """Triton's repository index: every model on disk with its state."""

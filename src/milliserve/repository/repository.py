@@ -24,11 +24,16 @@ class Repository:
 
     def model_dir(self, name: str) -> Path:
         # Only names listed in the repository are accepted, so a name like "../etc" can't escape.
+        # The message names neither the repository's path nor its other models: clients see it.
         if name not in self.model_names():
-            raise NotFoundError(
-                f"model {name!r} is not in the repository {self.root} (found {self.model_names()})"
-            )
+            raise NotFoundError(f"model {name!r} is not in the model repository")
         return self.root / name
+
+    def relative(self, message: str) -> str:
+        """``message`` with the repository's absolute path taken out (paths read from its
+        root, e.g. ``fraud/config.pbtxt``), for what clients see: they need not learn where
+        the server keeps its files."""
+        return message.replace(f"{self.root}/", "").replace(str(self.root), ".")
 
     def versions(self, name: str) -> list[int]:
         """Numeric version folders of a model, ascending."""

@@ -133,6 +133,9 @@ class Batcher:
         self._last_arrival: float | None = None
         self._dispatcher: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
+        # For models run on the event loop thread: before running an idle instance's batch,
+        # yield the loop once so requests the server has already read join it (see execute).
+        self.gather_ready = False
         # asyncio objects are made in start(), inside the running loop
         self._wakeup: asyncio.Event
         self._drained: asyncio.Event
@@ -164,10 +167,33 @@ class Batcher:
         self._admit(item)
         if not self._size and self._free and self._wait_until([item], item.enqueued) is None:
             index = self._free.pop()
-            await self._run(index, self._take([item], item.enqueued))
+            batch = [item]
+            if self.gather_ready and self.policy.merge:
+                # One turn of the loop lets every request already received run up to this
+                # batcher and queue here (the instance is taken): they ride in this batch. A
+                # lone request pays one loop iteration, not a wait.
+                try:
+                    await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    self._free.append(index)
+                    raise
+                batch = self._join(item)
+            await self._run(index, self._take(batch, time.perf_counter()))
             return item.future.result()
         self._enqueue(item, timeout_s)
         return await item.future
+
+    def _join(self, first: QueuedRequest) -> list[QueuedRequest]:
+        """``first`` and the queued requests that may share its batch."""
+        batch, total = [first], first.batch_size
+        for it in self._ordered():
+            if it.future.done() or it.signature != first.signature:
+                continue
+            if total + it.batch_size > self.policy.max_batch_size:
+                break
+            batch.append(it)
+            total += it.batch_size
+        return batch
 
     def submit(self, item: QueuedRequest, timeout_s: float | None) -> None:
         """Queue a request; its future resolves with the outputs. Raises at once when the

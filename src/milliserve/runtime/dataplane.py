@@ -7,13 +7,14 @@ about HTTP or gRPC.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from milliserve._version import __version__
 from milliserve.config.model_config import ModelConfig
 from milliserve.errors import ModelControlDisabledError, RequestError
 from milliserve.protocol.types import InferRequest, InferResponse
-from milliserve.repository.registry import ModelRegistry
+from milliserve.runtime.servable import ServableRegistry
 
 __all__ = ["EXTENSIONS", "DataPlane"]
 
@@ -29,9 +30,12 @@ EXTENSIONS = (
 class DataPlane:
     """Health, metadata, inference, statistics and repository control."""
 
-    def __init__(self, registry: ModelRegistry, model_control: bool) -> None:
+    def __init__(
+        self, registry: ServableRegistry, model_control: bool, strict_readiness: bool = True
+    ) -> None:
         self.registry = registry
         self.model_control = model_control
+        self.strict_readiness = strict_readiness
         self.started = False
         self.stopping = False
 
@@ -40,9 +44,13 @@ class DataPlane:
         return not self.stopping
 
     def ready(self) -> bool:
-        """Ready once start-up loading is done and until shutdown begins. A model that
-        failed to load does not make the server unready: the others still serve."""
-        return self.started and not self.stopping and not self.registry.is_loading()
+        """Ready once start-up loading is done and until shutdown begins, and, as in Triton
+        (``strict_readiness``, the default), only while every model that should serve does:
+        a model that failed to load makes the server unready. With strict readiness off,
+        the server is ready as long as it answers."""
+        if not self.started or self.stopping or self.registry.is_loading():
+            return False
+        return not (self.strict_readiness and self.registry.unavailable())
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "milliserve", "version": __version__, "extensions": list(EXTENSIONS)}
@@ -70,8 +78,12 @@ class DataPlane:
 
     # ---- inference ----
     async def infer(self, request: InferRequest) -> InferResponse:
-        rt = self.registry.get(request.model_name, request.model_version)
-        return await rt.infer(request)
+        servable = self.registry.get(request.model_name, request.model_version)
+        return await servable.infer(request)
+
+    def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """The responses to one request as the servable produces them (one for a model)."""
+        return self.registry.get(request.model_name, request.model_version).stream(request)
 
     # ---- repository ----
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

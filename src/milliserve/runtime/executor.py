@@ -7,7 +7,8 @@ Inference and model loading are blocking; they run here, off the event loop.
   SimpleQueue in, ``call_soon_threadsafe`` out), which matters when the model
   itself runs in microseconds.
 - Model loading and warmup run in a small separate pool, so a slow load never
-  delays inference.
+  delays inference; request work too heavy for the event loop (a large JSON body,
+  long texts to tokenize) runs in a third pool (``offload``).
 - CPU affinity (Linux, ``cpu_affinity: auto``): the event loop thread keeps to one
   CPU, and the worker of a model that runs in microseconds on one thread keeps to
   the same CPU. Waking a thread on another vCPU costs tens of microseconds on a
@@ -108,6 +109,14 @@ class Executor:
             initializer=_set_affinity,
             initargs=(self._all_cpus,),
         )
+        # request work too large for the event loop (big JSON bodies, long texts): a pool of
+        # its own, so it never waits behind a model load
+        self._cpu = ThreadPoolExecutor(
+            max(1, min(4, len(allowed) or 1)),
+            thread_name_prefix="ms-cpu",
+            initializer=_set_affinity,
+            initargs=(self._all_cpus,),
+        )
 
     def pin_event_loop(self) -> None:
         """Keep the calling (event loop) thread on ``loop_cpu``. Call from the loop."""
@@ -134,5 +143,12 @@ class Executor:
         call = functools.partial(ctx.run, fn, *args, **kwargs)
         return await loop.run_in_executor(self._load, call)
 
+    async def offload(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a request's CPU-heavy step (decode a large body, tokenize long texts) off the
+        event loop, so that it delays only the request it belongs to."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._cpu, functools.partial(fn, *args, **kwargs))
+
     def shutdown(self) -> None:
         self._load.shutdown(wait=True, cancel_futures=True)
+        self._cpu.shutdown(wait=True, cancel_futures=True)

@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from milliserve.cache.response_cache import CacheFactory
 from milliserve.config.settings import Settings
@@ -25,13 +27,20 @@ from milliserve.repository.registry import ModelRegistry
 from milliserve.repository.repository import Repository
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.runtime.executor import Executor
-from milliserve.server.grpc.servicer import build_grpc_server
+from milliserve.server.auth import Auth
+from milliserve.server.grpc.options import server_options
+from milliserve.server.grpc.servicer import CallCount, build_grpc_server
 from milliserve.server.http.app import HttpApp
+from milliserve.server.http.connection import ConnectionLimits, protocol_class
+from milliserve.server.listeners import HTTP, METRICS, bind_grpc, bind_tcp
 from milliserve.server.metrics_app import MetricsApp
 
 __all__ = ["Server", "serve"]
 
 log = logging.getLogger(__name__)
+
+# the metrics port serves a scraper or two: a small share of the file descriptors is plenty
+METRICS_MAX_CONNECTIONS = 64
 
 
 class _Uvicorn(uvicorn.Server):
@@ -53,60 +62,104 @@ class Server:
         self.executor = Executor(cpu_affinity=settings.cpu_affinity == "auto")
         redis = settings.redis
         self.caches = CacheFactory(redis.url, redis.timeout_ms / 1000, redis.backoff_s)
-        self.registry = ModelRegistry(Repository(settings.model_repository), self.executor, self.caches)
+        self.registry = ModelRegistry(
+            Repository(settings.model_repository), self.executor, self.caches, settings.expose_model_names
+        )
         self.metrics = Metrics(
             self.prometheus_registry, lambda: (rt.stats for rt in self.registry.all_ready())
         )
-        self.dataplane = DataPlane(self.registry, model_control=settings.model_control_mode == "explicit")
+        self.dataplane = DataPlane(
+            self.registry, settings.model_control_mode == "explicit", settings.strict_readiness
+        )
+        a = settings.auth
+        self.auth = Auth(a.token.get_secret_value() if a.token else None, a.protect_health, a.protect_metrics)
         self._uvicorns: list[tuple[_Uvicorn, asyncio.Task[None]]] = []
         self._grpc: Any = None
+        self._grpc_calls = CallCount()
 
     def http_app(self) -> HttpApp:
         """The ASGI application of this server (to mount elsewhere, or test in-process)."""
-        return HttpApp(self.dataplane, self.settings.http.max_request_bytes)
+        metrics = (
+            (lambda: generate_latest(self.prometheus_registry)) if self.settings.metrics.enabled else None
+        )
+        return HttpApp(
+            self.dataplane, self.settings.http.max_request_bytes, self.auth, self.executor.offload, metrics
+        )
 
-    def _uvicorn(self, app: Any, port: int, graceful_s: float) -> _Uvicorn:
+    def _uvicorn(self, app: Any, limits: ConnectionLimits, graceful_s: float) -> _Uvicorn:
+        # the socket is bound by bind_tcp (host and port are not uvicorn's); the protocol
+        # class holds the connection limits and the keep-alive deadline
         config = uvicorn.Config(
             app,
-            host=self.settings.host,
-            port=port,
-            http="httptools",
+            http=protocol_class(limits),
+            ws="none",
             lifespan="off",
             access_log=False,
             log_config=None,
             timeout_graceful_shutdown=int(graceful_s) or None,
             server_header=False,
             date_header=False,
+            headers=[limits.keep_alive_header],
         )
         return _Uvicorn(config)
 
-    async def _start_uvicorn(self, server: _Uvicorn, what: str) -> None:
-        task = asyncio.create_task(server.serve(), name=f"uvicorn-{what}")
+    async def _start_uvicorn(self, server: _Uvicorn, sock: socket.socket, what: str) -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn-{what}")
         while not server.started:
             if task.done():
-                task.result()  # re-raise the bind error
-                raise ConfigError(f"{what} server could not start on port {server.config.port}")
+                task.result()  # re-raise what stopped it
+                raise ConfigError(f"the {what} server did not start on {sock.getsockname()}")
             await asyncio.sleep(0.01)
         self._uvicorns.append((server, task))
+
+    def _bind(self) -> tuple[socket.socket | None, socket.socket | None, int | None]:
+        """Bind every port before anything starts: the HTTP and metrics sockets, and the
+        gRPC server's port. A port that cannot be had is a ConfigError naming it."""
+        s = self.settings
+        socks: list[socket.socket] = []
+        try:
+            http = bind_tcp(s.host, s.http.port, HTTP) if s.http.enabled else None
+            socks += [http] if http else []
+            metrics = bind_tcp(s.host, s.metrics.port, METRICS) if s.metrics.enabled else None
+            socks += [metrics] if metrics else []
+            grpc_port = None
+            if s.grpc.enabled:
+                options = server_options(s.grpc)
+                self._grpc = build_grpc_server(
+                    self.dataplane, s.grpc.max_message_bytes, self.auth, options, self._grpc_calls
+                )
+                grpc_port = bind_grpc(self._grpc, s.host, s.grpc.port)
+        except BaseException:
+            self._grpc = None
+            for sock in socks:
+                sock.close()
+            raise
+        return http, metrics, grpc_port
 
     async def start(self) -> None:
         """Open the ports, then load the models (health/live answers while they load)."""
         s = self.settings
-        if s.http.enabled:
-            await self._start_uvicorn(self._uvicorn(self.http_app(), s.http.port, s.shutdown_grace_s), "http")
-        if s.grpc.enabled:
-            self._grpc = build_grpc_server(self.dataplane, s.grpc.max_message_bytes)
-            self._grpc.add_insecure_port(f"{s.host}:{s.grpc.port}")
+        http_sock, metrics_sock, grpc_port = self._bind()
+        h = s.http
+        limits = ConnectionLimits(
+            h.max_header_bytes, h.header_timeout_s, h.body_timeout_s, h.keep_alive_s, h.max_connections
+        )
+        if http_sock is not None:
+            await self._start_uvicorn(
+                self._uvicorn(self.http_app(), limits, s.shutdown_grace_s), http_sock, "http"
+            )
+        if self._grpc is not None:
             await self._grpc.start()
-        if s.metrics.enabled:
+        if metrics_sock is not None:
             metrics_app = MetricsApp(self.prometheus_registry)
-            await self._start_uvicorn(self._uvicorn(metrics_app, s.metrics.port, 1), "metrics")
+            metrics_limits = replace(limits, max_connections=min(h.max_connections, METRICS_MAX_CONNECTIONS))
+            await self._start_uvicorn(self._uvicorn(metrics_app, metrics_limits, 1), metrics_sock, "metrics")
         log.info(
             "listening on %s: http %s, grpc %s, metrics %s",
             s.host,
-            s.http.port if s.http.enabled else "off",
-            s.grpc.port if s.grpc.enabled else "off",
-            s.metrics.port if s.metrics.enabled else "off",
+            http_sock.getsockname()[1] if http_sock else "off",
+            grpc_port or "off",
+            metrics_sock.getsockname()[1] if metrics_sock else "off",
         )
         # after the listeners: gRPC's own threads keep every CPU, only the loop thread is placed
         self.executor.pin_event_loop()
@@ -130,13 +183,28 @@ class Server:
             server.should_exit = True
             waits.append(task)
         if self._grpc is not None:
-            waits.append(asyncio.ensure_future(self._grpc.stop(grace)))
+            waits.append(asyncio.ensure_future(self._stop_grpc(grace)))
         await asyncio.gather(*waits, return_exceptions=True)
         await self.registry.close()
         await self.caches.close()
         self.executor.shutdown()
         self.executor.unpin_event_loop()
         log.info("stopped")
+
+    async def _stop_grpc(self, grace: float, quiet_s: float = 0.2, settle_cap_s: float = 2.0) -> None:
+        """grpc.aio's stop cancels the calls it has received but not yet handed to the service:
+        calls a client sent just before the signal. So first keep serving until no new call
+        has started for ``quiet_s`` (at most ``settle_cap_s``), then stop with the grace."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + min(grace, settle_cap_s)
+        seen, quiet_since = self._grpc_calls.started, loop.time()
+        while loop.time() < end:
+            await asyncio.sleep(0.02)
+            if self._grpc_calls.started != seen:
+                seen, quiet_since = self._grpc_calls.started, loop.time()
+            elif loop.time() - quiet_since >= quiet_s:
+                break
+        await self._grpc.stop(grace)
 
     async def run_until_signal(self) -> None:
         """Start, wait for SIGTERM or SIGINT, stop gracefully."""

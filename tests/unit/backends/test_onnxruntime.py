@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from milliserve.backends.onnxruntime import OnnxRuntimeBackend, parse_ort_options
-from milliserve.config.model_config import InstanceGroup, ModelConfig
+from milliserve.config.model_config import ModelConfig
 from milliserve.errors import ConfigError, InvalidInputError
 
 
@@ -35,8 +35,6 @@ def test_options_are_read_from_parameters() -> None:
         True,
     )
     assert o.providers == ("CPUExecutionProvider",)
-    gpu = ModelConfig(name="m", instance_group=(InstanceGroup(kind="KIND_GPU"),))
-    assert parse_ort_options(gpu).providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
 @pytest.mark.parametrize(

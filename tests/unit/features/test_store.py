@@ -1,16 +1,22 @@
-"""Feature tables, defaults for unknown entities, and the assembled tensor."""
+"""Feature tables, defaults for unknown entities, the assembled tensor, and Redis features
+on a real redis-server: deadlines, and slow answers that do not bypass it."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 
 from milliserve.errors import ConfigError, InvalidInputError
-from milliserve.features.store import FeatureSet, TableFeatures
+from milliserve.features.fetch import entity_ids
+from milliserve.features.store import FeatureSet, RedisFeatures, TableFeatures
 from milliserve.protocol.types import InferTensor
+from milliserve.testing import RedisServer
 
 TABLE = "user_id,age_days,txn_7d,chargebacks\nu1,400,12,0\nu2,3,90,2\n"
 
@@ -25,8 +31,8 @@ def _set(tmp_path: Path, **kw: object) -> FeatureSet:
 def test_batch_fetch_assembles_rows_in_order_with_defaults(tmp_path: Path) -> None:
     fs = _set(tmp_path, entity_input="user")
     ids = np.array([[b"u2"], [b"nobody"], [b"u1"]], dtype=object)
-    got_ids, rest = fs.entity_ids([InferTensor("user", "BYTES", (3, 1), ids)], {})
-    assert got_ids == ["u2", "nobody", "u1"] and rest == []
+    got_ids = entity_ids(fs, {"user": InferTensor("user", "BYTES", (3, 1), ids)}, {})
+    assert got_ids == ["u2", "nobody", "u1"]
     tensor, notes = asyncio.run(fs.assemble(got_ids))
     np.testing.assert_array_equal(tensor, np.array([[90, 2, 3], [0, 0, -1], [12, 0, 400]], np.float32))
     assert tensor.dtype == np.float32 and notes == {"features_defaulted": "1 unknown entity"}
@@ -34,10 +40,75 @@ def test_batch_fetch_assembles_rows_in_order_with_defaults(tmp_path: Path) -> No
 
 def test_entity_from_a_parameter_and_clear_errors(tmp_path: Path) -> None:
     fs = _set(tmp_path, entity_parameter="user_id")
-    assert fs.entity_ids([], {"user_id": "u1"})[0] == ["u1"]
+    assert entity_ids(fs, {}, {"user_id": "u1"}) == ["u1"]
     with pytest.raises(InvalidInputError, match="parameter 'user_id'"):
-        fs.entity_ids([], {})
+        entity_ids(fs, {}, {})
+    # a client's bad id is a 400 naming it, not a decoding error (a 500 before)
+    bad = {"user": InferTensor("user", "BYTES", (1, 1), np.array([[b"\xff\xfe"]], dtype=object))}
+    with pytest.raises(InvalidInputError, match="entity id 0 of input 'user' is not UTF-8"):
+        entity_ids(_set(tmp_path, entity_input="user"), bad, {})
+    long = {"user": InferTensor("user", "BYTES", (1, 1), np.array([[b"u" * 300]], dtype=object))}
+    with pytest.raises(InvalidInputError, match="is 300 bytes long; ids are at most 256"):
+        entity_ids(_set(tmp_path, entity_input="user"), long, {})
     with pytest.raises(ConfigError, match="no columns \\['missing'\\]"):
         TableFeatures(tmp_path / "users.csv", "user_id", ["missing"])
     with pytest.raises(ConfigError, match="no key column 'uid'"):
         TableFeatures(tmp_path / "users.csv", "uid", ["age_days"])
+
+
+@pytest.fixture
+def redis_features() -> Iterator[tuple[RedisServer, FeatureSet]]:
+    with RedisServer() as server:
+        loader = redis.Redis.from_url(server.url)
+        loader.hset("user:u1", mapping={"age_days": 400, "txn_7d": 12, "chargebacks": 0})
+        loader.hset("user:u2", mapping={"age_days": 3, "txn_7d": 90, "chargebacks": 2})
+        loader.close()
+        names = ["age_days", "txn_7d", "chargebacks"]
+        source = RedisFeatures(server.url, "user:", names, timeout_s=0.05, backoff_s=60)
+        yield server, FeatureSet("user_features", names, [-1.0, 0.0, 0.0], source)
+
+
+def test_redis_features_skip_redis_when_the_request_has_no_time_left(
+    redis_features: tuple[RedisServer, FeatureSet],
+) -> None:
+    _, fs = redis_features
+    source = fs.source
+    assert isinstance(source, RedisFeatures)
+
+    async def main() -> None:
+        tensor, notes = await fs.assemble(["u1"], deadline=time.perf_counter() + 5)
+        np.testing.assert_array_equal(tensor, [[400, 12, 0]])
+        assert notes == {}
+        tensor, notes = await fs.assemble(["u1"], deadline=time.perf_counter() - 0.001)
+        np.testing.assert_array_equal(tensor, [[-1, 0, 0]])  # the defaults, at once
+        assert notes == {"features_defaulted": "feature store unavailable"}
+        assert source.breaker.errors == 0 and source.breaker.state == "closed"  # not Redis's fault
+        await fs.close()
+
+    asyncio.run(main())
+
+
+def test_redis_features_a_few_slow_answers_do_not_bypass_redis(
+    redis_features: tuple[RedisServer, FeatureSet],
+) -> None:
+    server, fs = redis_features
+    source = fs.source
+    assert isinstance(source, RedisFeatures)
+
+    async def main() -> None:
+        await fs.assemble(["u1"])
+        pauser = redis.Redis.from_url(server.url)
+        assert pauser.execute_command("CLIENT", "PAUSE", "300", "ALL")  # every client waits
+        slow = await asyncio.gather(*(fs.assemble(["u1", "u2"]) for _ in range(4)))
+        assert all(notes == {"features_defaulted": "feature store unavailable"} for _, notes in slow)
+        await asyncio.get_running_loop().run_in_executor(None, pauser.ping)  # the pause is over
+        pauser.close()
+        assert source.breaker.errors == 4 and source.breaker.state == "closed"
+        for ids in (["u2", "u1"], ["u1"], ["u2"]):  # the cancelled pipelines' replies are not read
+            tensor, notes = await fs.assemble(ids)
+            rows = {"u1": [400, 12, 0], "u2": [3, 90, 2]}
+            np.testing.assert_array_equal(tensor, [rows[i] for i in ids])
+            assert notes == {}
+        await fs.close()
+
+    asyncio.run(main())

@@ -15,12 +15,14 @@ from milliserve.cache.response_cache import CacheFactory
 from milliserve.config.model_config import ModelConfig, load_model_config
 from milliserve.config.steps import PythonStep, Rules
 from milliserve.errors import BackendError, ConfigError, InvalidInputError
-from milliserve.pipeline.runtime import build_steps
-from milliserve.pipeline.steps import PythonCall, RulesStep, StepContext, tensor
+from milliserve.pipeline.ensemble import build_steps
+from milliserve.pipeline.steps import PythonCall, RulesStep, tensor
+from milliserve.protocol.types import InferRequest
+from milliserve.road import Call
 
 
-def _ctx() -> StepContext:
-    return StepContext("", {}, None, {})
+def _ctx() -> Call:
+    return Call(InferRequest("p", "", []))
 
 
 def _run_rules(rules: Rules, scores: np.ndarray[Any, Any]) -> dict[str, Any]:

@@ -684,18 +684,22 @@ class ModelFeatures(_message.Message):
     def __init__(self, input: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., source: _Optional[_Union[ModelFeatureSource, _Mapping]] = ..., defaults: _Optional[_Mapping[str, float]] = ..., entity_parameter: _Optional[str] = ..., entity_input: _Optional[str] = ..., on_unavailable: _Optional[str] = ...) -> None: ...
 
 class ModelTokenizer(_message.Message):
-    __slots__ = ("file", "text_input", "ids", "mask", "max_length")
+    __slots__ = ("file", "text_input", "ids", "mask", "max_length", "overflow", "max_text_bytes")
     FILE_FIELD_NUMBER: _ClassVar[int]
     TEXT_INPUT_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     MASK_FIELD_NUMBER: _ClassVar[int]
     MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    OVERFLOW_FIELD_NUMBER: _ClassVar[int]
+    MAX_TEXT_BYTES_FIELD_NUMBER: _ClassVar[int]
     file: str
     text_input: str
     ids: str
     mask: str
     max_length: int
-    def __init__(self, file: _Optional[str] = ..., text_input: _Optional[str] = ..., ids: _Optional[str] = ..., mask: _Optional[str] = ..., max_length: _Optional[int] = ...) -> None: ...
+    overflow: str
+    max_text_bytes: int
+    def __init__(self, file: _Optional[str] = ..., text_input: _Optional[str] = ..., ids: _Optional[str] = ..., mask: _Optional[str] = ..., max_length: _Optional[int] = ..., overflow: _Optional[str] = ..., max_text_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelRules(_message.Message):
     __slots__ = ("input", "output", "column", "thresholds", "default", "labels", "score_output")

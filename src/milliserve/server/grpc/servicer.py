@@ -16,41 +16,49 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from milliserve import errors as e
 from milliserve.config.model_config import config_to_proto
 from milliserve.errors import MilliserveError, ModelNotReadyError
 from milliserve.observability.timing import finish_stages
 from milliserve.protocol import grpc_codec
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.runtime.dataplane import DataPlane
+from milliserve.server.auth import Auth, Route
+from milliserve.status import status_of
 
-__all__ = ["SERVICE_NAME", "build_grpc_server"]
+__all__ = ["SERVICE_NAME", "CallCount", "build_grpc_server", "grpc_error"]
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "inference.GRPCInferenceService"
+# health methods, open without a token unless the settings close them
+_HEALTH = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+# requests of one stream in flight at once; the stream reads no further until one finishes
+MAX_STREAM_INFLIGHT = 256
 
 
-def grpc_status(exc: BaseException) -> grpc.StatusCode:
-    """The gRPC status for an exception raised by the dataplane."""
-    table: list[tuple[type[BaseException], grpc.StatusCode]] = [
-        (e.RequestTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-        (e.RequestError, grpc.StatusCode.INVALID_ARGUMENT),
-        (e.NotFoundError, grpc.StatusCode.NOT_FOUND),
-        (e.UnavailableError, grpc.StatusCode.UNAVAILABLE),
-        (e.QueueTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
-        (e.DeadlineUnmeetableError, grpc.StatusCode.DEADLINE_EXCEEDED),
-        (e.ModelControlDisabledError, grpc.StatusCode.PERMISSION_DENIED),
-        (e.BackendError, grpc.StatusCode.INTERNAL),
-    ]
-    for cls, code in table:
-        if isinstance(exc, cls):
-            return code
-    return grpc.StatusCode.INTERNAL
+class CallCount:
+    """Calls the service has taken up: a draining server waits until no new one starts, so
+    calls a client sent just before SIGTERM are served, not cancelled by the stop."""
+
+    __slots__ = ("started",)
+
+    def __init__(self) -> None:
+        self.started = 0
+
+
+def grpc_error(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message for an exception (the one error table); an unexpected one is
+    logged with its trace and answered INTERNAL without internals."""
+    if isinstance(exc, MilliserveError):
+        return grpc.StatusCode[status_of(exc).grpc], exc.message
+    log.error("unhandled error in gRPC %s", where, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, "internal server error (logged)"
 
 
 class Servicer:
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, auth: Auth, calls: CallCount) -> None:
         self.dp = dataplane
+        self.auth = auth
+        self.calls = calls
 
     async def ServerLive(self, req: Any, ctx: Any) -> Any:
         return pb.ServerLiveResponse(live=self.dp.live())
@@ -78,13 +86,19 @@ class Servicer:
         ctx.set_trailing_metadata((("server-timing", timing),))
         return out
 
-    async def _infer(self, req: Any, ctx: Any) -> tuple[Any, str]:
-        """One request; returns the response message and its Server-Timing value."""
+    @staticmethod
+    def _decode(req: Any, ctx: Any) -> Any:
         t0 = time.perf_counter()
         remaining = ctx.time_remaining()  # the client's gRPC deadline, if it set one
         request = grpc_codec.decode_infer_request(req)
         if remaining is not None:
             request.deadline = t0 + remaining
+        return request
+
+    async def _infer(self, req: Any, ctx: Any) -> tuple[Any, str]:
+        """One request; returns the response message and its Server-Timing value."""
+        t0 = time.perf_counter()
+        request = self._decode(req, ctx)
         t1 = time.perf_counter()
         response = await self.dp.infer(request)
         t2 = time.perf_counter()
@@ -112,25 +126,50 @@ class Servicer:
         return pb.RepositoryModelUnloadResponse()
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], ctx: Any) -> AsyncIterator[Any]:
-        # Requests of one stream run concurrently (so they can share batches); responses
-        # go out as they complete, each carrying its request id.
+        # Requests of one stream run concurrently (so they can share batches, up to
+        # MAX_STREAM_INFLIGHT at once); responses go out as they complete, each carrying its
+        # request id. A failed request is answered with error_message and never ends the stream.
+        self.calls.started += 1
+        self.auth.check_grpc(ctx.invocation_metadata(), "api")
         finished: asyncio.Queue[Any] = asyncio.Queue()
+        slots = asyncio.Semaphore(MAX_STREAM_INFLIGHT)
 
         async def one(msg: Any) -> None:
             try:
-                resp, _ = await self._infer(msg, ctx)
-                await finished.put(pb.ModelStreamInferResponse(infer_response=resp))
-            except MilliserveError as exc:
-                failed = pb.ModelInferResponse(id=msg.id, model_name=msg.model_name)
-                await finished.put(
-                    pb.ModelStreamInferResponse(error_message=exc.message, infer_response=failed)
+                request = self._decode(msg, ctx)
+                async for response in self.dp.stream(request):
+                    await finished.put(
+                        pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(response))
+                    )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                _, message = grpc_error(exc, "ModelStreamInfer")
+                failed = pb.ModelInferResponse(
+                    id=msg.id, model_name=msg.model_name, model_version=msg.model_version
                 )
+                await finished.put(pb.ModelStreamInferResponse(error_message=message, infer_response=failed))
+            finally:
+                slots.release()
 
         async def read_all() -> None:
-            async with asyncio.TaskGroup() as group:
+            running: set[asyncio.Task[None]] = set()
+            try:
                 async for msg in requests:
-                    group.create_task(one(msg))
-            await finished.put(None)  # the stream ended and every request was answered
+                    await slots.acquire()
+                    task = asyncio.create_task(one(msg))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.wait(running)
+            except asyncio.CancelledError:
+                for task in running:
+                    task.cancel()
+                raise
+            except Exception as exc:  # the stream itself broke (client gone): nothing to answer
+                log.debug("gRPC stream ended: %r", exc)
+            finally:
+                finished.put_nowait(None)  # the stream ended and every request was answered
 
         reader = asyncio.create_task(read_all())
         try:
@@ -140,24 +179,38 @@ class Servicer:
             reader.cancel()
 
 
-def _wrap_unary(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+def _wrap_unary(
+    fn: Callable[[Any, Any], Awaitable[Any]], auth: Auth, route: Route, calls: CallCount
+) -> Callable[[Any, Any], Awaitable[Any]]:
     async def handler(req: Any, ctx: Any) -> Any:
+        calls.started += 1
         try:
+            auth.check_grpc(ctx.invocation_metadata(), route)
             return await fn(req, ctx)
-        except MilliserveError as exc:
-            await ctx.abort(grpc_status(exc), exc.message)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("unhandled error in gRPC handler")
-            await ctx.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+            code, message = grpc_error(exc, getattr(fn, "__name__", "call"))
+        # Abort outside the except block, with the request dropped: the exception's traceback
+        # holds the request's tensors, and an abort raised while it is being handled would
+        # chain it (and keep that memory) for as long as gRPC keeps the abort.
+        del req
+        await ctx.abort(code, message)
 
     return handler
 
 
-def build_grpc_server(dataplane: DataPlane, max_message_bytes: int) -> grpc.aio.Server:
+def build_grpc_server(
+    dataplane: DataPlane,
+    max_message_bytes: int,
+    auth: Auth | None = None,
+    options: list[tuple[str, Any]] | None = None,
+    calls: CallCount | None = None,
+) -> grpc.aio.Server:
     """A grpc.aio server with the inference service registered (not yet bound or started)."""
-    servicer = Servicer(dataplane)
+    auth = auth or Auth(None)
+    calls = calls or CallCount()
+    servicer = Servicer(dataplane, auth, calls)
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in service.methods:
@@ -170,7 +223,7 @@ def build_grpc_server(dataplane: DataPlane, max_message_bytes: int) -> grpc.aio.
             )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(fn),
+                _wrap_unary(fn, auth, "health" if method.name in _HEALTH else "api", calls),
                 request_deserializer=req_cls.FromString,
                 response_serializer=resp_cls.SerializeToString,
             )
@@ -178,6 +231,7 @@ def build_grpc_server(dataplane: DataPlane, max_message_bytes: int) -> grpc.aio.
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            *(options or []),
         ]
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -28,8 +28,10 @@ from milliserve.protocol.json_codec import (
     encode_infer_response,
     encode_json,
 )
+from milliserve.road import Offload
 from milliserve.runtime.dataplane import DataPlane
-from milliserve.server.http.status import http_status
+from milliserve.server.auth import Auth
+from milliserve.status import status_of
 
 __all__ = ["HttpApp"]
 
@@ -46,14 +48,27 @@ _HEADER_LEN = b"inference-header-content-length"
 _SERVER_TIMING = b"server-timing"
 _DEADLINE = b"x-request-deadline-ms"
 _EMPTY_OK = b"{}"
+_TEXT = (b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+# A body larger than this is decoded off the event loop (JSON numbers cost ~30 ns each).
+OFFLOAD_BODY_BYTES = 64 * 1024
 
 
 class HttpApp:
     """ASGI callable serving ``/v2/...`` for one DataPlane."""
 
-    def __init__(self, dataplane: DataPlane, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        max_request_bytes: int,
+        auth: Auth | None = None,
+        offload: Offload | None = None,
+        metrics: Callable[[], bytes] | None = None,
+    ) -> None:
         self.dp = dataplane
         self.max_request_bytes = max_request_bytes
+        self.auth = auth or Auth(None)
+        self._offload = offload
+        self._metrics = metrics  # /metrics here too, so tools need not know the metrics port
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -64,11 +79,13 @@ class HttpApp:
         try:
             status, body, headers = await self._route(scope, receive)
         except MilliserveError as exc:
-            status = http_status(exc)
+            status = status_of(exc).http
             body, headers = encode_json({"error": exc.message}), [_JSON]
-        except Exception as exc:  # a bug: answer 500, keep serving, log the trace
+            if status == 401:
+                headers.append((b"www-authenticate", b'Bearer realm="milliserve"'))
+        except Exception:  # a bug: answer 500 for this request, keep serving, log the trace
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            status, body, headers = 500, encode_json({"error": f"internal error: {exc}"}), [_JSON]
+            status, body, headers = 500, encode_json({"error": "internal server error (logged)"}), [_JSON]
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -114,9 +131,13 @@ class HttpApp:
     async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         method: str = scope["method"]
         parts = scope["path"].strip("/").split("/")
+        if parts == ["metrics"] and method == "GET" and self._metrics is not None:
+            self.auth.check(scope["headers"], "metrics")
+            return 200, self._metrics(), [_TEXT]
         if not parts or parts[0] != "v2":
             raise NotFoundError(f"no route for {scope['path']}; the API lives under /v2")
         rest = parts[1:]
+        self.auth.check(scope["headers"], "health" if rest[:1] == ["health"] else "api")
         if method == "POST" and len(rest) >= 3 and rest[0] == "models" and rest[-1] == "infer":
             return await self._infer(scope, receive, rest)
         if method == "GET":
@@ -164,7 +185,10 @@ class HttpApp:
                 deadline = arrived + ms / 1000
         body = await self._read_body(scope, receive)
         t0 = time.perf_counter()  # from here on the time is the server's, not the network's
-        request = decode_infer_request(body, header_len, name, version)
+        if len(body) > OFFLOAD_BODY_BYTES and self._offload is not None:
+            request = await self._offload(decode_infer_request, body, header_len, name, version)
+        else:
+            request = decode_infer_request(body, header_len, name, version)
         request.deadline = deadline
         t1 = time.perf_counter()
         response = await self.dp.infer(request)

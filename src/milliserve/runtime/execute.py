@@ -1,0 +1,222 @@
+"""The terminal of a model's road: queue the request in the batcher, run batches on the
+model's instances, split the outputs back to their requests.
+
+Where a batch runs is chosen per batch:
+
+- **inline**, on the event loop thread, when the model is a microsecond one: its
+  compute, estimated from the load-time probe and every inline run since, is well
+  under the ~50 µs a hand-off to a worker thread costs (two cross-thread wake-ups on
+  these VMs). Inline is chosen only for single-threaded backends, and only while
+  the estimate stays under ``INLINE_BELOW_S``; a larger batch or a slower model goes
+  to the worker;
+- otherwise on the instance's **worker thread** (``runtime/executor.py``).
+
+Config ``parameters { inline_execution }``: ``auto`` (default), ``true`` (always) or
+``false`` (never).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from milliserve.backends.base import Backend
+from milliserve.errors import BackendError, DeadlineUnmeetableError, InvalidInputError
+from milliserve.protocol.types import InferTensor
+from milliserve.road import Call, Outputs
+from milliserve.runtime.adaptive import AdaptiveBatching
+from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
+from milliserve.runtime.deadline import LatencyEstimator
+from milliserve.runtime.executor import InstanceWorker
+from milliserve.runtime.stats import ModelStats
+from milliserve.runtime.validation import ModelIO
+
+__all__ = ["INLINE_BELOW_S", "BatchExecute"]
+
+log = logging.getLogger(__name__)
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+# A batch whose estimated compute is under this runs on the event loop thread.
+INLINE_BELOW_S = 25e-6
+_INLINE_MODES = ("auto", "true", "false")
+
+
+class BatchExecute:
+    def __init__(
+        self,
+        label: str,
+        policy: BatchPolicy,
+        backends: Sequence[Backend],
+        io: ModelIO,
+        stats: ModelStats,
+        estimator: LatencyEstimator,
+        inline: str = "auto",
+        target_p99_s: float | None = None,
+    ) -> None:
+        if inline not in _INLINE_MODES:
+            raise ValueError(f"parameter 'inline_execution' must be one of {_INLINE_MODES}, got {inline!r}")
+        self.label = label
+        self.policy = policy
+        self.io = io
+        self.stats = stats
+        self.estimator = estimator
+        self._backends = list(backends)
+        self._outputs = list(io.outputs)
+        self.batcher = Batcher(policy, self._run_batch, len(self._backends))
+        self.workers: list[InstanceWorker] = []
+        self._inline_mode = inline
+        # seconds per input element of an inline-eligible model (None: not eligible)
+        self._inline_per_work: float | None = None
+        self.inline_runs = 0
+        self.adaptive = AdaptiveBatching(self.batcher, policy, target_p99_s) if target_p99_s else None
+        stats.pending = self.batcher.pending
+        if self.adaptive is not None:
+            tuned = self.adaptive
+            stats.batching = lambda: (
+                tuned.batcher.policy.max_batch_size,
+                tuned.batcher.policy.max_queue_delay_s,
+            )
+
+    async def start(
+        self, workers: list[InstanceWorker], compute_s: float | None, work: int, threads: int
+    ) -> None:
+        """Begin serving with ``workers`` (one per instance); ``compute_s`` is the load-time
+        probe of one warmup request of ``work`` elements (None when unknown)."""
+        self.workers = workers
+        if (
+            compute_s is not None
+            and compute_s < INLINE_BELOW_S
+            and threads == 1
+            and self._inline_mode == "auto"
+        ):
+            self._inline_per_work = compute_s / max(work, 1)
+        self.batcher.gather_ready = self.inline
+        await self.batcher.start()
+
+    @property
+    def inline(self) -> bool:
+        """Whether small batches may run on the event loop thread."""
+        return self._inline_mode == "true" or self._inline_per_work is not None
+
+    async def close(self) -> None:
+        await self.batcher.close(drain=True)
+        for w in self.workers:
+            w.close()
+        for b in self._backends:
+            b.close()
+
+    # ---- the request ----
+    async def __call__(self, call: Call) -> Outputs:
+        """Queue the request and return the outputs it asked for. Records the ``queue`` stage
+        (until an instance took it) and ``infer`` (from then until the result is back on the
+        event loop, hand-offs included)."""
+        request = call.request
+        params = request.parameters
+        policy = self.policy
+        priority = policy.priority_index(params.get("priority")) if params else 0
+        timeout_s = policy.timeout_s(params.get("timeout") if params else None)
+        future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
+        item = QueuedRequest(
+            {t.name: t.data for t in request.inputs}, call.batch_size, call.signature, future, priority
+        )
+        item.deadline = call.deadline
+        outputs = await self.batcher.execute(item, timeout_s)
+        stages = call.stages
+        stages["queue"] = queue = item.dispatched - item.enqueued
+        stages["infer"] = infer = time.perf_counter() - item.dispatched
+        if self.adaptive is not None:
+            self.adaptive.observe(queue, infer)
+        specs = self.io.outputs
+        wanted = [o.name for o in request.outputs] if request.outputs else self._outputs
+        return [InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted]
+
+    # ---- batches ----
+    def _execute(self, backend: Backend, batch: list[QueuedRequest]) -> tuple[list[Arrays], int, int, int]:
+        """Assemble, run, split (on a worker thread or inline). Returns per-request outputs
+        and the nanoseconds of each phase."""
+        t0 = time.perf_counter_ns()
+        if len(batch) == 1:
+            feeds = batch[0].inputs
+        else:
+            feeds = {n: np.concatenate([it.inputs[n] for it in batch]) for n in batch[0].inputs}
+        t1 = time.perf_counter_ns()
+        outputs = backend.run(feeds, self._outputs)
+        t2 = time.perf_counter_ns()
+        if len(batch) == 1:
+            per_item = [outputs]
+        else:
+            per_item = []
+            start = 0
+            for it in batch:
+                end = start + it.batch_size
+                per_item.append({n: a[start:end] for n, a in outputs.items()})
+                start = end
+        t3 = time.perf_counter_ns()
+        return per_item, t1 - t0, t2 - t1, t3 - t2
+
+    def _drop_late(self, batch: list[QueuedRequest], now: float) -> list[QueuedRequest]:
+        """Answer the requests whose deadline passed while queued, without computing them."""
+        late = [it for it in batch if it.deadline is not None and it.deadline <= now]
+        if not late:
+            return batch
+        for it in late:
+            if not it.future.done():
+                it.future.set_exception(
+                    DeadlineUnmeetableError(
+                        f"request to model {self.label!r} reached its deadline while queued; not run"
+                    )
+                )
+        return [it for it in batch if not (it.deadline is not None and it.deadline <= now)]
+
+    async def _run_batch(self, batch: list[QueuedRequest], index: int) -> None:
+        started = time.perf_counter()
+        if self.estimator.active:
+            batch = self._drop_late(batch, started)
+            if not batch:
+                return
+        work = sum(a.size for it in batch for a in it.inputs.values())
+        per_work = self._inline_per_work
+        inline = self._inline_mode == "true" or (per_work is not None and per_work * work < INLINE_BELOW_S)
+        try:
+            if inline:
+                per_item, in_ns, infer_ns, out_ns = self._execute(self._backends[index], batch)
+            else:
+                per_item, in_ns, infer_ns, out_ns = await self.workers[index].run(
+                    self._execute, self._backends[index], batch
+                )
+        except (BackendError, InvalidInputError) as exc:
+            if len(batch) > 1:
+                # Isolation: one request's data may break a batch (e.g. an out-of-range token id);
+                # rerun them one by one so only the culprit fails.
+                for it in batch:
+                    await self._run_batch([it], index)
+                return
+            if isinstance(exc, BackendError):  # client data errors are the client's to see, not logs'
+                log.warning("%s: %s", self.label, exc)
+            if not batch[0].future.done():
+                batch[0].future.set_exception(exc)
+            return
+        except Exception as exc:  # a bug, not a model failure: still answer every request
+            log.exception("%s: unexpected error running a batch", self.label)
+            err = BackendError(f"internal error running model {self.label!r}: {exc}")
+            for it in batch:
+                if not it.future.done():
+                    it.future.set_exception(err)
+            return
+        elapsed = time.perf_counter() - started
+        items = sum(it.batch_size for it in batch)
+        if inline and per_work is not None:  # keep the inline estimate honest
+            self._inline_per_work = per_work + 0.1 * (infer_ns / 1e9 / max(work, 1) - per_work)
+            self.inline_runs += 1
+        if self.estimator.active:
+            self.estimator.observe(work, elapsed, items, started + elapsed)
+        queue_ns = [int((it.dispatched - it.enqueued) * 1e9) for it in batch]
+        self.stats.record_batch(items, queue_ns, in_ns, infer_ns, out_ns)
+        for it, outs in zip(batch, per_item, strict=True):
+            if not it.future.done():
+                it.future.set_result(outs)

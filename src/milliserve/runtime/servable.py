@@ -1,0 +1,122 @@
+"""What the data plane serves: a ``Servable`` (a model version, a pipeline, later a
+generative model), found through a ``ServableRegistry``.
+
+``RoadServable`` is the common body of servables whose requests walk a road of stages
+(``milliserve.road``): it times the request, records its outcome in the statistics
+(failure reasons from the one error table) and builds the response.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from milliserve.config.model_config import ModelConfig
+from milliserve.protocol.types import InferRequest, InferResponse
+from milliserve.road import Call, Handler
+from milliserve.runtime.stats import ModelStats
+from milliserve.status import status_of
+
+__all__ = ["ClientInputs", "RoadServable", "Servable", "ServableRegistry", "model_metadata"]
+
+# (name, datatype, dims) of what a client sends
+ClientInputs = list[tuple[str, str, tuple[int, ...]]]
+
+
+class Servable(Protocol):
+    """One servable version, loaded and accepting requests."""
+
+    config: ModelConfig
+    version: str
+    stats: ModelStats
+
+    def metadata(self, versions: list[str]) -> dict[str, Any]: ...
+
+    def client_inputs(self) -> ClientInputs: ...
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Responses for one request as they are produced (one for a one-shot servable)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class ServableRegistry(Protocol):
+    """Where the data plane finds servables (``repository.registry.ModelRegistry``)."""
+
+    def get(self, name: str, version: str = "") -> Servable: ...
+
+    def versions(self, name: str) -> list[str]: ...
+
+    def all_ready(self) -> list[Servable]: ...
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
+
+    def is_loading(self) -> bool: ...
+
+    def unavailable(self) -> list[str]: ...
+
+    async def load(self, name: str) -> None: ...
+
+    async def unload(self, name: str) -> None: ...
+
+
+class RoadServable:
+    """A servable whose requests walk ``road``; subclasses build the road when they load."""
+
+    config: ModelConfig
+    version: str
+    stats: ModelStats
+    road: Handler
+    platform: str
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Walk the road and answer. Errors propagate after being counted in the statistics."""
+        t0 = time.perf_counter_ns()
+        call = Call(request)
+        try:
+            outputs = await self.road(call)
+        except BaseException as exc:
+            self.stats.record_request(time.perf_counter_ns() - t0, status_of(exc).reason)
+            raise
+        response = InferResponse(
+            model_name=self.config.name,
+            model_version=self.version,
+            id=request.id,
+            outputs=outputs,
+            parameters=call.notes,
+            timings=call.stages,
+            record_stages=self.stats.record_stages,
+        )
+        self.stats.record_request(time.perf_counter_ns() - t0, None)
+        return response
+
+    async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        yield await self.infer(request)
+
+    def client_inputs(self) -> ClientInputs:
+        return [(t.name, t.data_type, t.dims) for t in self.config.input]
+
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        return model_metadata(self.config, versions, self.platform, self.client_inputs())
+
+
+def model_metadata(
+    config: ModelConfig, versions: list[str], platform: str, inputs: ClientInputs
+) -> dict[str, Any]:
+    """OIP model metadata: ``inputs`` as (name, datatype, dims) are what a client sends."""
+    batch = [-1] if config.max_batch_size > 0 else []
+
+    def tensors(section: Any) -> list[dict[str, Any]]:
+        return [{"name": n, "datatype": d, "shape": batch + list(dims)} for n, d, dims in section]
+
+    return {
+        "name": config.name,
+        "versions": versions,
+        "platform": platform,
+        "inputs": tensors(inputs),
+        "outputs": tensors((t.name, t.data_type, t.dims) for t in config.output),
+    }

@@ -1,0 +1,82 @@
+"""No import cycles between milliserve's packages (and top-level modules): dependencies
+point one way, so a package can be read, tested and replaced on its own. Imports inside
+functions count too: a local import that patches a cycle is still a cycle."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "milliserve"
+
+
+def package_graph(root: Path = SRC) -> dict[str, dict[str, set[str]]]:
+    """package -> {package it imports: {files that do}}; a package is a subfolder of
+    ``milliserve`` or a top-level module, ``__init__.py`` re-exports left out."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        if rel.name == "__init__.py":
+            continue
+        src = rel.parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] if node.level == 0 else []
+                if node.module == "milliserve":
+                    names = [f"milliserve.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "milliserve" and len(parts) > 1 and parts[1] != src:
+                    graph.setdefault(src, {}).setdefault(parts[1], set()).add(str(rel))
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, set[str]]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, {})):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycles_between_packages() -> None:
+    graph = package_graph()
+    cycle = find_cycle(graph)
+    if cycle:
+        hops = [f"{a} -> {b} ({', '.join(sorted(graph[a][b]))})" for a, b in itertools.pairwise(cycle)]
+        raise AssertionError("import cycle between packages:\n  " + "\n  ".join(hops))
+
+
+def test_the_check_sees_a_cycle() -> None:
+    # the detector itself: a two-package cycle is reported with both hops
+    graph = {"a": {"b": {"a/x.py"}}, "b": {"a": {"b/y.py"}}, "c": {"a": {"c/z.py"}}}
+    assert find_cycle(graph) == ["a", "b", "a"]
+    assert find_cycle({"a": {"b": {"a/x.py"}}}) is None
+
+
+def test_front_ends_never_import_backends_cache_or_batcher() -> None:
+    # ARCHITECTURE.md: front ends depend on the data plane only
+    for front in ("http", "grpc"):
+        for path in (SRC / "server" / front).rglob("*.py"):
+            text = path.read_text()
+            for banned in ("milliserve.backends", "milliserve.cache", "milliserve.runtime.batcher"):
+                assert banned not in text, f"{path.relative_to(SRC)} imports {banned}"
