@@ -42,6 +42,22 @@ def slow_body(batch: int = 1) -> dict:
     }
 
 
+def pending(srv: ServerProcess, model: str = "slow") -> float:
+    """Requests the server holds for ``model`` (queued or running), from its metrics."""
+    text = httpx.get(srv.metrics_url).text
+    for line in text.splitlines():
+        if line.startswith(f'milliserve_pending_request_count{{model="{model}"'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
 def test_repository_api_over_http_and_grpc(example_repo: Path) -> None:
     with ServerProcess(example_repo, "--model-control-mode", "explicit", "--load-model", "fraud_mlp") as srv:
         h = httpclient.InferenceServerClient(srv.http_url)
@@ -113,26 +129,46 @@ def test_request_timeout_that_cannot_be_met_is_refused_at_once(
         quick = slow_body(1) | {"parameters": {"timeout": 1000}}  # 1 ms
         with ThreadPoolExecutor(4) as pool, httpx.Client(timeout=60) as c:
             busy = [pool.submit(c.post, url, json=slow_body(4)) for _ in range(4)]
-            time.sleep(0.15)  # the instance works through a queue of full batches
+            wait_until(lambda: pending(srv) >= 4)  # the instance works through full batches
             r = c.post(url, json=quick)
+            # answered at once, while the queue it would have waited behind is still there
+            still_busy = sum(not b.done() for b in busy)
             assert [b.result().status_code for b in busy] == [200] * 4
         assert r.status_code == 429 and "would miss its deadline" in r.json()["error"]
-        assert r.elapsed.total_seconds() < 0.1  # answered at once, not after the queue
+        assert still_busy > 0
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_sigterm_finishes_requests_in_flight_then_exits(
-    tmp_path: Path, write_slow: Callable[..., Path]
+    tmp_path: Path, write_slow: Callable[..., Path], protocol: str
 ) -> None:
+    """SIGTERM as soon as the first of 6 concurrent requests reached the model: the others are
+    still on the wire or being read. Every one is answered (gRPC used to cancel the calls it
+    had received but not yet started), then the server exits 0."""
     write_slow(tmp_path, config=SLOW_QUEUE.replace("max_queue_size: 2", "max_queue_size: 16"))
     srv = ServerProcess(tmp_path).start()
-    url = f"http://{srv.http_url}/v2/models/slow/infer"
     assert srv.proc is not None
-    with ThreadPoolExecutor(6) as pool, httpx.Client(timeout=60) as c:
-        futures = [pool.submit(c.post, url, json=slow_body(4)) for _ in range(6)]
-        time.sleep(0.3)  # requests are queued and running
+    x = np.ones((1, 256, 256), np.float32)
+
+    def call(_: int) -> str:
+        if protocol == "http":
+            r = httpx.post(f"http://{srv.http_url}/v2/models/slow/infer", json=slow_body(1), timeout=60)
+            return str(r.status_code)
+        with grpcclient.InferenceServerClient(srv.grpc_url) as g:
+            inp = grpcclient.InferInput("X", [1, 256, 256], "FP32")
+            inp.set_data_from_numpy(x)
+            try:
+                g.infer("slow", [inp], client_timeout=60)
+            except InferenceServerException as exc:
+                return str(exc.status())
+            return "200"
+
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(call, i) for i in range(6)]
+        wait_until(lambda: pending(srv) >= 1)
         srv.proc.send_signal(signal.SIGTERM)
-        codes = [f.result().status_code for f in futures]
-    assert codes == [200] * 6
+        codes = [f.result() for f in futures]
+    assert codes == ["200"] * 6
     assert srv.proc.wait(30) == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://{srv.http_url}/v2/health/live")

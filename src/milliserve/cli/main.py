@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from milliserve._version import __version__
 
@@ -18,30 +19,67 @@ __all__ = ["main"]
 DEFAULT_EXAMPLE_REPO = Path("build/model_repository")
 
 
-def _serve(args: argparse.Namespace) -> int:
+# flag -> where it lands in Settings (a validation error names the flag the user typed)
+_SERVE_FLAGS: dict[str, tuple[str, ...]] = {
+    "model_repository": ("model_repository",),
+    "host": ("host",),
+    "http_port": ("http", "port"),
+    "grpc_port": ("grpc", "port"),
+    "metrics_port": ("metrics", "port"),
+    "model_control_mode": ("model_control_mode",),
+    "load_model": ("load_models",),
+    "log_level": ("log_level",),
+    "redis_url": ("redis", "url"),
+    "auth_token": ("auth", "token"),
+    "strict_readiness": ("strict_readiness",),
+}
+
+
+def serve_settings(args: argparse.Namespace) -> Any:
+    """Settings from the environment with the flags given on top, validated once, together.
+    Raises UsageError naming the flag (or variable) and the value."""
+    from pydantic import ValidationError
+
     from milliserve.config.settings import Settings
+
+    overrides: dict[str, Any] = {}
+    for flag, path in _SERVE_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        node = overrides
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    if args.max_request_bytes is not None:  # one limit for both front ends
+        overrides.setdefault("http", {})["max_request_bytes"] = args.max_request_bytes
+        overrides.setdefault("grpc", {})["max_message_bytes"] = args.max_request_bytes
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        by_path = {path: flag for flag, path in _SERVE_FLAGS.items()}
+        by_path[("http", "max_request_bytes")] = by_path[("grpc", "max_message_bytes")] = "max_request_bytes"
+        lines = []
+        for err in exc.errors():
+            loc = tuple(str(p) for p in err["loc"])
+            given = by_path.get(loc)
+            where = f"--{given.replace('_', '-')}" if given else "MILLISERVE_" + "__".join(loc).upper()
+            lines.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+        raise UsageError("; ".join(dict.fromkeys(lines))) from None
+    if settings.model_repository is None:
+        raise UsageError("no model repository: give MODEL_REPOSITORY or set MILLISERVE_MODEL_REPOSITORY")
+    return settings
+
+
+class UsageError(Exception):
+    """Bad command-line arguments (exit code 2)."""
+
+
+def _serve(args: argparse.Namespace) -> int:
     from milliserve.observability.logs import configure_logging
     from milliserve.server.app import serve
 
-    overrides: dict[str, object] = {
-        "model_repository": args.model_repository,
-        "model_control_mode": args.model_control_mode,
-    }
-    if args.host is not None:
-        overrides["host"] = args.host
-    if args.load_model:
-        overrides["load_models"] = args.load_model
-    if args.log_level:
-        overrides["log_level"] = args.log_level
-    settings = Settings(**overrides)  # type: ignore[arg-type]
-    for section, port in (("http", args.http_port), ("grpc", args.grpc_port), ("metrics", args.metrics_port)):
-        if port is not None:
-            getattr(settings, section).port = port
-    if args.max_request_bytes is not None:
-        settings.http.max_request_bytes = args.max_request_bytes
-        settings.grpc.max_message_bytes = args.max_request_bytes
-    if args.redis_url is not None:
-        settings.redis.url = args.redis_url
+    settings = serve_settings(args)
     configure_logging(settings.log_level)
     serve(settings)
     return 0
@@ -83,6 +121,13 @@ def _demo(args: argparse.Namespace) -> int:
         )
     console.print(table)
     return 0
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return value in ("true", "1", "yes")
 
 
 def _levels(text: str, kind: type) -> list:  # type: ignore[type-arg]
@@ -273,7 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="serve a model repository over HTTP and gRPC")
-    s.add_argument("model_repository", type=Path, metavar="MODEL_REPOSITORY")
+    s.add_argument(
+        "model_repository",
+        type=Path,
+        nargs="?",
+        default=None,
+        metavar="MODEL_REPOSITORY",
+        help="the model repository (default: $MILLISERVE_MODEL_REPOSITORY)",
+    )
     s.add_argument("--http-port", type=int, default=None, help="default 8000")
     s.add_argument("--grpc-port", type=int, default=None, help="default 8001")
     s.add_argument("--metrics-port", type=int, default=None, help="default 8002")
@@ -281,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--model-control-mode",
         choices=("none", "explicit"),
-        default="none",
+        default=None,
         help="explicit enables the repository load/unload API (default none)",
     )
     s.add_argument(
@@ -296,6 +348,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--redis-url",
         default=None,
         help="Redis for response caches with backend redis (default redis://127.0.0.1:6379/0)",
+    )
+    s.add_argument(
+        "--auth-token",
+        default=None,
+        help="require this token (Authorization: Bearer, or x-api-key) on inference, metadata and "
+        "repository calls; health and metrics stay open (env MILLISERVE_AUTH__TOKEN)",
+    )
+    s.add_argument(
+        "--strict-readiness",
+        type=_bool,
+        default=None,
+        metavar="true|false",
+        help="ready only while every model that should serve does (default true, as Triton)",
     )
     s.set_defaults(func=_serve)
 
@@ -423,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except UsageError as exc:
+        parser.exit(2, f"milliserve {args.command}: error: {exc}\n")
     except Exception as exc:  # one line for the user, not a traceback
         from milliserve.errors import MilliserveError
 

@@ -18,9 +18,19 @@ from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.raw import array_from_raw, array_to_raw
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
-__all__ = ["decode_infer_request", "decode_json_object", "encode_infer_response", "encode_json"]
+__all__ = [
+    "MAX_DIMS",
+    "check_elements",
+    "decode_infer_request",
+    "decode_json_object",
+    "encode_infer_response",
+    "encode_json",
+    "flag",
+]
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
+# numpy arrays have at most 32 dims; a deeper shape or nesting is no tensor
+MAX_DIMS = 32
 
 
 def encode_json(obj: Any) -> bytes:
@@ -40,11 +50,27 @@ def decode_json_object(body: bytes | memoryview) -> dict[str, Any]:
 
 
 def _shape_of(name: str, raw: Any) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(isinstance(d, int) and d >= 0 for d in raw):
+    # bool is an int to Python: [true, 64] is no shape
+    if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
         raise MalformedRequestError(
-            f"input {name!r}: 'shape' must be a list of non-negative integers, got {raw!r}"
+            f"input {name!r}: 'shape' must be a list of non-negative integers, got {str(raw)[:80]}"
         )
+    if len(raw) > MAX_DIMS:
+        raise MalformedRequestError(f"input {name!r}: 'shape' has {len(raw)} dims; at most {MAX_DIMS}")
     return tuple(raw)
+
+
+def check_elements(name: str, shape: tuple[int, ...], available: int) -> int:
+    """The element count of ``shape``, refused when the request's ``available`` bytes could
+    not hold that many (every element takes at least one byte on any wire), so that no
+    size is allocated from a shape alone."""
+    count = prod(shape)
+    if count > available:
+        raise InvalidInputError(
+            f"input {name!r}: shape {list(shape)} has {count} elements, more than the "
+            f"{available} bytes of the request could carry"
+        )
+    return count
 
 
 def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
@@ -52,7 +78,10 @@ def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         data = [data]
     count = prod(shape)
     if datatype == BYTES:
-        flat = np.asarray(data, dtype=object).reshape(-1)
+        try:
+            flat = np.asarray(data, dtype=object).reshape(-1)
+        except ValueError as exc:  # ragged or deeper than numpy allows
+            raise InvalidInputError(f"input {name!r}: data is not a regular array: {exc}") from None
         out = np.empty(flat.size, dtype=object)
         for i, item in enumerate(flat):
             if not isinstance(item, str):
@@ -64,7 +93,7 @@ def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         dtype = oip_to_numpy(datatype)
         try:
             probe = np.asarray(data)
-        except ValueError as exc:  # ragged nesting
+        except (ValueError, RecursionError) as exc:  # ragged or too deep
             raise InvalidInputError(f"input {name!r}: data is not a regular array: {exc}") from None
         if not _kind_ok(probe.dtype.kind, dtype.kind):
             raise InvalidInputError(
@@ -94,6 +123,21 @@ def _kind_ok(src: str, dst: str) -> bool:
     return src in "iufb"
 
 
+def flag(params: dict[str, Any], key: str, default: bool = False) -> bool:
+    """A boolean request parameter: true/false (JSON or a string), 1/0. Anything else is a 400
+    naming it, never a truthy string: ``"false"`` means false."""
+    value = params.get(key) if params else None
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise InvalidInputError(f"parameter {key!r} must be true or false, got {value!r}")
+
+
 def _requested_outputs(doc: dict[str, Any]) -> list[RequestedOutput] | None:
     raw = doc.get("outputs")
     if raw is None:
@@ -105,6 +149,9 @@ def _requested_outputs(doc: dict[str, Any]) -> list[RequestedOutput] | None:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise MalformedRequestError(f"each requested output needs a 'name', got {item!r}")
         params = item.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise MalformedRequestError(f"output {item['name']!r}: 'parameters' must be an object")
+        flag(params, "binary_data")
         if "classification" in params:
             raise InvalidInputError(f"output {item['name']!r}: the classification extension is not supported")
         outs.append(RequestedOutput(item["name"], params))
@@ -138,6 +185,7 @@ def decode_infer_request(
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise MalformedRequestError("'parameters' must be an object")
+    flag(params, "binary_data_output")  # a bad value is refused before anything runs
 
     offset = 0
     inputs: list[InferTensor] = []
@@ -162,10 +210,12 @@ def decode_infer_request(
                     f"{len(binary) - offset} bytes of binary data remain (truncated payload?)"
                 )
             oip_to_numpy(datatype)  # unknown datatype -> clear error before parsing
+            check_elements(name, shape, size)
             data = array_from_raw(name, datatype, shape, binary[offset : offset + size])
             offset += size
         elif "data" in item:
             oip_to_numpy(datatype)
+            check_elements(name, shape, len(body))
             data = _array_from_json(name, datatype, shape, item["data"])
         else:
             raise MalformedRequestError(f"input {name!r} has neither 'data' nor binary_data_size")
@@ -202,11 +252,11 @@ def _json_data(out: InferTensor) -> Any:
 def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
     """Encode a response. Returns the body and, when binary outputs were used, the
     JSON header length for ``Inference-Header-Content-Length``."""
-    default_binary = bool(request.parameters.get("binary_data_output", False))
+    default_binary = flag(request.parameters, "binary_data_output")
     per_output: dict[str, bool] = {}
     if request.outputs:
         for ro in request.outputs:
-            per_output[ro.name] = bool(ro.parameters.get("binary_data", default_binary))
+            per_output[ro.name] = flag(ro.parameters, "binary_data", default_binary)
 
     outputs_json: list[dict[str, Any]] = []
     blobs: list[bytes] = []

@@ -29,6 +29,12 @@ def deserialize_bytes(name: str, buf: bytes | memoryview, count: int) -> np.ndar
     """
     view = memoryview(buf)
     total = len(view)
+    # every element needs its 4-byte length prefix: check before allocating count objects
+    if count * 4 > total:
+        raise MalformedRequestError(
+            f"input {name!r}: {count} BYTES elements need at least {count * 4} bytes (a 4-byte "
+            f"length each), but the tensor has {total}"
+        )
     out = np.empty(count, dtype=object)
     pos = 0
     for i in range(count):
@@ -66,7 +72,7 @@ def serialize_bytes(arr: np.ndarray[Any, Any]) -> bytes:
 def array_from_raw(
     name: str, datatype: str, shape: tuple[int, ...], buf: bytes | memoryview
 ) -> np.ndarray[Any, Any]:
-    """Build the numpy array for a tensor from its raw bytes, checking the size."""
+    """Build the numpy array for a tensor from its raw bytes, checking the size first."""
     count = prod(shape)
     if datatype == BYTES:
         return deserialize_bytes(name, buf, count).reshape(shape)

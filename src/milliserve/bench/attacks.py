@@ -1,0 +1,368 @@
+"""Hostile and unlucky inputs replayed against a running server, and what they cost others.
+
+Each attack sends crafted requests (HTTP or gRPC) to the example repository's models
+(``fraud_mlp``, ``fraud``, ``minilm``, ``sentiment``) while a well-behaved client keeps
+calling ``fraud_mlp``. For each attack the result records the statuses the attacker
+got, its slowest answer, the server's RSS growth (read from /proc), and the slowest
+answer the well-behaved client saw meanwhile: a server that pays for an attack with
+another client's latency has not contained it.
+
+Used by ``tests/e2e/test_attacks.py`` (assertions) and ``benchmarks/attack_suite.py``
+(the figures in docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+import orjson
+
+from milliserve.protocol.proto import oip_pb2 as pb
+
+__all__ = ["ATTACKS", "Attack", "AttackResult", "Target", "rss_bytes", "run_attacks"]
+
+_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    http_port: int
+    grpc_port: int
+    pid: int
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# ---- the wire ----
+def _http(
+    t: Target, path: str, body: bytes, headers: dict[str, str] | None = None, timeout: float = 120
+) -> str:
+    conn = http.client.HTTPConnection(t.host, t.http_port, timeout=timeout)
+    try:
+        conn.request("POST", path, body, headers or {"Content-Type": "application/json"})
+        return str(conn.getresponse().status)
+    finally:
+        conn.close()
+
+
+def _binary(t: Target, model: str, inputs: list[dict[str, object]], payload: bytes) -> str:
+    header = orjson.dumps({"inputs": inputs})
+    return _http(
+        t,
+        f"/v2/models/{model}/infer",
+        header + payload,
+        {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
+    )
+
+
+def _json(t: Target, model: str, doc: object) -> str:
+    return _http(t, f"/v2/models/{model}/infer", orjson.dumps(doc))
+
+
+def _grpc(t: Target, msg: pb.ModelInferRequest, timeout: float = 120) -> str:
+    with grpc.insecure_channel(
+        f"{t.host}:{t.grpc_port}", options=[("grpc.max_send_message_length", 64 << 20)]
+    ) as ch:
+        call = ch.unary_unary(
+            _INFER,
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        try:
+            call(msg, timeout=timeout)
+        except grpc.RpcError as exc:
+            return exc.code().name  # type: ignore[no-any-return]
+        return "OK"
+
+
+def _fraud_row(t: Target) -> str:
+    x = np.random.default_rng(0).normal(size=(1, 64)).astype(np.float32)
+    doc = {"inputs": [{"name": "features", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    return _json(t, "fraud_mlp", doc)
+
+
+# ---- the attacks ----
+def bytes_shape_overflow_http(t: Target) -> str:
+    """A BYTES tensor declaring 2**31 elements with 5 bytes of payload (121 bytes in all)."""
+    return _binary(
+        t,
+        "sentiment",
+        [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 2**31], "parameters": {"binary_data_size": 5}}],
+        struct.pack("<I", 1) + b"x",
+    )
+
+
+def bytes_shape_overflow_grpc(t: Target) -> str:
+    msg = pb.ModelInferRequest(model_name="sentiment")
+    inp = msg.inputs.add(name="TEXT", datatype="BYTES")
+    inp.shape.extend([1, 2**31])
+    msg.raw_input_contents.append(struct.pack("<I", 1) + b"x")
+    return _grpc(t, msg)
+
+
+def shape_product_overflow_grpc(t: Target) -> str:
+    """A shape whose element count does not fit in 64 bits, with typed contents."""
+    msg = pb.ModelInferRequest(model_name="sentiment")
+    inp = msg.inputs.add(name="TEXT", datatype="BYTES")
+    inp.shape.extend([2**62, 2**62])
+    inp.contents.bytes_contents.append(b"x")
+    return _grpc(t, msg)
+
+
+def large_rejected_grpc(t: Target) -> str:
+    """16.5 MB requests the server must refuse (wrong datatype): their memory must not stay."""
+    data = np.zeros((4096 * 16, 64), np.float32).tobytes()[:16_500_000]
+    msg = pb.ModelInferRequest(model_name="fraud_mlp")
+    inp = msg.inputs.add(name="features", datatype="FP64")
+    inp.shape.extend([len(data) // (64 * 8), 64])
+    msg.raw_input_contents.append(data[: (len(data) // 512) * 512])
+    return _grpc(t, msg)
+
+
+def bool_dim_http(t: Target) -> str:
+    doc = {"inputs": [{"name": "features", "shape": [True, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+    return _json(t, "fraud_mlp", doc)
+
+
+def json_30mb_http(t: Target) -> str:
+    """A 30 MB JSON body (more rows than the model batches): decoding it must stall no one."""
+    rows = 30_000_000 // (64 * 16)
+    data = b"[" + b",".join([b"0.123456789012"] * (rows * 64)) + b"]"
+    head = b'{"inputs":[{"name":"features","shape":[%d,64],"datatype":"FP32","data":' % rows
+    return _http(t, "/v2/models/fraud_mlp/infer", head + data + b"}]}")
+
+
+def deep_json_http(t: Target) -> str:
+    body = b'{"inputs":[{"name":"features","shape":[1,64],"datatype":"FP32","data":' + b"[" * 5000
+    return _http(t, "/v2/models/fraud_mlp/infer", body + b"]" * 5000 + b"}]}")
+
+
+def text_30mb_http(t: Target) -> str:
+    """One 30 MB text for the tokenizer: cut to the configured size, never tokenized whole."""
+    doc = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["good " * 6_000_000]}]}
+    return _json(t, "sentiment", doc)
+
+
+def invalid_utf8_entity_http(t: Target) -> str:
+    user = b"\xff\xfe\xfd"
+    tx = np.zeros((1, 4), np.float32)
+    return _binary(
+        t,
+        "fraud",
+        [
+            {"name": "user_id", "datatype": "BYTES", "shape": [1, 1], "parameters": {"binary_data_size": 7}},
+            {
+                "name": "transaction",
+                "datatype": "FP32",
+                "shape": [1, 4],
+                "parameters": {"binary_data_size": 16},
+            },
+        ],
+        struct.pack("<I", len(user)) + user + tx.tobytes(),
+    )
+
+
+def _ids(t: Target, ids: int, mask: int) -> str:
+    doc = {
+        "inputs": [
+            {"name": "input_ids", "shape": [1, ids], "datatype": "INT64", "data": [101] * ids},
+            {"name": "attention_mask", "shape": [1, mask], "datatype": "INT64", "data": [1] * mask},
+        ]
+    }
+    return _json(t, "minilm", doc)
+
+
+def sequence_over_512_http(t: Target) -> str:
+    return _ids(t, 600, 600)
+
+
+def ids_mask_lengths_differ_http(t: Target) -> str:
+    return _ids(t, 10, 12)
+
+
+def binary_flag_string_http(t: Target) -> str:
+    doc = {
+        "inputs": [{"name": "features", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}],
+        "parameters": {"binary_data_output": "maybe"},
+    }
+    return _json(t, "fraud_mlp", doc)
+
+
+def header_1mib_http(t: Target) -> str:
+    with socket.create_connection((t.host, t.http_port), timeout=60) as s:
+        s.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
+        reply = s.recv(64)
+    return reply.split(b" ")[1].decode() if reply.startswith(b"HTTP/1.1 ") else "closed"
+
+
+def oversized_body_http(t: Target) -> str:
+    with socket.create_connection((t.host, t.http_port), timeout=60) as s:
+        s.sendall(
+            b"POST /v2/models/fraud_mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 400000000\r\n\r\n{"
+        )
+        reply = s.recv(64)
+    return reply.split(b" ")[1].decode() if reply.startswith(b"HTTP/1.1 ") else "closed"
+
+
+def stream_with_a_bad_message_grpc(t: Target) -> str:
+    """good, bad (shape overflow), good on one ModelStreamInfer: three answers, in order of
+    completion, the bad one an error_message; 'OK' when the stream ended on its own."""
+
+    def requests() -> object:
+        x = np.zeros((1, 64), np.float32).tobytes()
+        for i, bad in enumerate((False, True, False)):
+            msg = pb.ModelInferRequest(model_name="fraud_mlp" if not bad else "sentiment", id=str(i))
+            inp = msg.inputs.add(
+                name="features" if not bad else "TEXT", datatype="FP32" if not bad else "BYTES"
+            )
+            inp.shape.extend([1, 64] if not bad else [1, 2**31])
+            msg.raw_input_contents.append(x if not bad else b"\x01\x00\x00\x00x")
+            yield msg
+
+    with grpc.insecure_channel(f"{t.host}:{t.grpc_port}") as ch:
+        call = ch.stream_stream(
+            _STREAM,
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
+        try:
+            answers = list(call(requests(), timeout=60))
+        except grpc.RpcError as exc:
+            return exc.code().name  # type: ignore[no-any-return]
+    errors = sorted(a.infer_response.id for a in answers if a.error_message)
+    return "OK" if len(answers) == 3 and errors == ["1"] else f"answers={len(answers)} errors={errors}"
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    send: Callable[[Target], str]
+    expect: frozenset[str]  # statuses (HTTP) or gRPC code names that are correct
+    repeat: int = 1
+    what: str = ""
+
+
+def _a(name: str, send: Callable[[Target], str], expect: set[str], repeat: int = 1) -> Attack:
+    return Attack(name, send, frozenset(expect), repeat, (send.__doc__ or "").strip().split("\n")[0])
+
+
+ATTACKS: tuple[Attack, ...] = (
+    _a("BYTES shape [1, 2**31], 5-byte payload (HTTP binary)", bytes_shape_overflow_http, {"400"}, 6),
+    _a(
+        "BYTES shape [1, 2**31], 5-byte payload (gRPC raw)",
+        bytes_shape_overflow_grpc,
+        {"INVALID_ARGUMENT"},
+        6,
+    ),
+    _a("shape [2**62, 2**62] (gRPC contents)", shape_product_overflow_grpc, {"INVALID_ARGUMENT"}),
+    _a("16.5 MB rejected requests x40 (gRPC)", large_rejected_grpc, {"INVALID_ARGUMENT"}, 40),
+    _a("bool dim [true, 64] (HTTP JSON)", bool_dim_http, {"400"}),
+    _a("30 MB JSON body", json_30mb_http, {"400"}),
+    _a("JSON nested 5000 deep", deep_json_http, {"400"}),
+    _a("30 MB text to the tokenizer", text_30mb_http, {"200", "400"}),
+    _a("invalid UTF-8 entity id (fraud pipeline)", invalid_utf8_entity_http, {"400"}),
+    _a("MiniLM sequence of 600 tokens", sequence_over_512_http, {"400"}),
+    _a("MiniLM ids and mask of different lengths", ids_mask_lengths_differ_http, {"400"}),
+    _a("binary_data_output: 'maybe'", binary_flag_string_http, {"400"}),
+    _a("1 MiB header", header_1mib_http, {"431"}),
+    _a("Content-Length 400 MB", oversized_body_http, {"413"}),
+    _a("stream: good, shape overflow, good (gRPC)", stream_with_a_bad_message_grpc, {"OK"}),
+)
+
+
+@dataclass
+class AttackResult:
+    name: str
+    statuses: Counter[str] = field(default_factory=Counter)
+    worst_s: float = 0.0
+    rss_growth: int = 0
+    good_requests: int = 0
+    good_failures: int = 0
+    good_worst_s: float = 0.0
+
+    def ok(self, attack: Attack) -> bool:
+        return set(self.statuses) <= attack.expect and not self.good_failures
+
+
+class _GoodClient:
+    """Calls fraud_mlp over and over; the slowest answer per window is what an attack cost it."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.lock = threading.Lock()
+        self.worst = 0.0
+        self.count = 0
+        self.failures = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                status = _fraud_row(self.target)
+            except OSError:
+                status = "error"
+            dt = time.perf_counter() - t0
+            with self.lock:
+                self.count += 1
+                self.worst = max(self.worst, dt)
+                self.failures += status != "200"
+
+    def window(self) -> tuple[int, int, float]:
+        with self.lock:
+            out = (self.count, self.failures, self.worst)
+            self.count = self.failures = 0
+            self.worst = 0.0
+        return out
+
+
+def run_attacks(
+    target: Target, attacks: tuple[Attack, ...] = ATTACKS, progress: Callable[[str], None] | None = None
+) -> list[AttackResult]:
+    """Run each attack (its repeats back to back) with a good client calling meanwhile."""
+    good = _GoodClient(target)
+    good.thread.start()
+    results = []
+    try:
+        while good.window()[0] == 0:  # the good client is being answered before anything starts
+            time.sleep(0.01)
+        for attack in attacks:
+            if progress:
+                progress(attack.name)
+            res = AttackResult(attack.name)
+            before = rss_bytes(target.pid)
+            good.window()
+            for _ in range(attack.repeat):
+                t0 = time.perf_counter()
+                try:
+                    status = attack.send(target)
+                except (OSError, http.client.HTTPException) as exc:
+                    status = f"error: {exc!r}"
+                res.worst_s = max(res.worst_s, time.perf_counter() - t0)
+                res.statuses[status] += 1
+            time.sleep(0.05)  # the good client's request in flight at the end belongs to this window
+            res.good_requests, res.good_failures, res.good_worst_s = good.window()
+            res.rss_growth = max(0, rss_bytes(target.pid) - before)
+            results.append(res)
+    finally:
+        good.stop.set()
+        good.thread.join(timeout=120)
+    return results
