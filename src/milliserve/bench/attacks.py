@@ -142,11 +142,20 @@ def bool_dim_http(t: Target) -> str:
 
 
 def json_30mb_http(t: Target) -> str:
-    """A 30 MB JSON body (more rows than the model batches): decoding it must stall no one."""
+    """A 30 MB JSON body: over the JSON limit, refused before it is decoded."""
     rows = 30_000_000 // (64 * 16)
     data = b"[" + b",".join([b"0.123456789012"] * (rows * 64)) + b"]"
     head = b'{"inputs":[{"name":"features","shape":[%d,64],"datatype":"FP32","data":' % rows
     return _http(t, "/v2/models/fraud_mlp/infer", head + data + b"}]}")
+
+
+def json_strings_12mb_http(t: Target) -> str:
+    """12 MB of JSON strings (a BYTES tensor of 800k texts): decoded off the event loop,
+    then refused (more rows than the pipeline batches)."""
+    rows = 800_000
+    data = b"[" + b",".join([b'"a few words"'] * rows) + b"]"
+    head = b'{"inputs":[{"name":"TEXT","shape":[%d,1],"datatype":"BYTES","data":' % rows
+    return _http(t, "/v2/models/sentiment/infer", head + data + b"}]}")
 
 
 def deep_json_http(t: Target) -> str:
@@ -156,8 +165,20 @@ def deep_json_http(t: Target) -> str:
 
 def text_30mb_http(t: Target) -> str:
     """One 30 MB text for the tokenizer: cut to the configured size, never tokenized whole."""
-    doc = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["good " * 6_000_000]}]}
-    return _json(t, "sentiment", doc)
+    text = b"good " * 6_000_000
+    return _binary(
+        t,
+        "sentiment",
+        [
+            {
+                "name": "TEXT",
+                "datatype": "BYTES",
+                "shape": [1, 1],
+                "parameters": {"binary_data_size": len(text) + 4},
+            }
+        ],
+        struct.pack("<I", len(text)) + text,
+    )
 
 
 def invalid_utf8_entity_http(t: Target) -> str:
@@ -274,7 +295,8 @@ ATTACKS: tuple[Attack, ...] = (
     _a("shape [2**62, 2**62] (gRPC contents)", shape_product_overflow_grpc, {"INVALID_ARGUMENT"}),
     _a("16.5 MB rejected requests x40 (gRPC)", large_rejected_grpc, {"INVALID_ARGUMENT"}, 40),
     _a("bool dim [true, 64] (HTTP JSON)", bool_dim_http, {"400"}),
-    _a("30 MB JSON body", json_30mb_http, {"400"}),
+    _a("30 MB JSON body", json_30mb_http, {"413"}),
+    _a("12 MB of JSON strings (BYTES)", json_strings_12mb_http, {"400"}),
     _a("JSON nested 5000 deep", deep_json_http, {"400"}),
     _a("30 MB text to the tokenizer", text_30mb_http, {"200", "400"}),
     _a("invalid UTF-8 entity id (fraud pipeline)", invalid_utf8_entity_http, {"400"}),

@@ -47,6 +47,9 @@ class HttpSettings(BaseModel):
     enabled: bool = True
     port: int = Field(8000, ge=0, le=65535)
     max_request_bytes: int = Field(32 * MiB, ge=1024)
+    # a JSON body (or the JSON header of a binary one): decoding JSON holds the interpreter
+    # in one call (~5 ms per MB), so large tensors must come in the binary extension
+    max_json_bytes: int = Field(16 * MiB, ge=1024)
     # the request line and all headers; more is answered 431 without reading it (h11's default)
     max_header_bytes: int = Field(16 * 1024, ge=1024)
     # from a connection's first byte (or from connecting) to its complete headers; then 408

@@ -82,8 +82,9 @@ class Server:
         metrics = (
             (lambda: generate_latest(self.prometheus_registry)) if self.settings.metrics.enabled else None
         )
+        h = self.settings.http
         return HttpApp(
-            self.dataplane, self.settings.http.max_request_bytes, self.auth, self.executor.offload, metrics
+            self.dataplane, h.max_request_bytes, self.auth, self.executor.offload, metrics, h.max_json_bytes
         )
 
     def _uvicorn(self, app: Any, limits: ConnectionLimits, graceful_s: float) -> _Uvicorn:

@@ -63,9 +63,11 @@ class HttpApp:
         auth: Auth | None = None,
         offload: Offload | None = None,
         metrics: Callable[[], bytes] | None = None,
+        max_json_bytes: int = 16 << 20,
     ) -> None:
         self.dp = dataplane
         self.max_request_bytes = max_request_bytes
+        self.max_json_bytes = max_json_bytes
         self.auth = auth or Auth(None)
         self._offload = offload
         self._metrics = metrics  # /metrics here too, so tools need not know the metrics port
@@ -99,8 +101,12 @@ class HttpApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.max_request_bytes
+    async def _read_body(self, scope: Scope, receive: Receive, json: bool = True) -> bytes:
+        """The body, refused (413) as soon as it is known to be over the limit: the request
+        limit, or for JSON the smaller JSON limit (decoding JSON holds the interpreter for
+        ~5 ms per MB in one call; large tensors belong in the binary extension)."""
+        limit = min(self.max_request_bytes, self.max_json_bytes) if json else self.max_request_bytes
+        what = "JSON request body" if json else "request body"
         for k, v in scope["headers"]:
             if k == b"content-length":
                 try:
@@ -110,9 +116,7 @@ class HttpApp:
                         f"bad Content-Length {v.decode(errors='replace')!r}"
                     ) from None
                 if declared > limit:
-                    raise RequestTooLargeError(
-                        f"request body of {declared} bytes is over the limit of {limit} bytes"
-                    )
+                    raise RequestTooLargeError(self._too_large(what, declared, limit, json))
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -122,11 +126,20 @@ class HttpApp:
             chunk = msg.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise RequestTooLargeError(f"request body is over the limit of {limit} bytes")
+                raise RequestTooLargeError(self._too_large(what, None, limit, json))
             chunks.append(chunk)
             if not msg.get("more_body", False):
                 break
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _too_large(self, what: str, declared: int | None, limit: int, json: bool) -> str:
+        size = f" of {declared} bytes" if declared is not None else ""
+        hint = (
+            "; send large tensors with the binary tensor extension"
+            if json and limit < self.max_request_bytes
+            else ""
+        )
+        return f"{what}{size} is over the limit of {limit} bytes{hint}"
 
     async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         method: str = scope["method"]
@@ -183,7 +196,11 @@ class HttpApp:
                         f"got {v.decode(errors='replace')!r}"
                     )
                 deadline = arrived + ms / 1000
-        body = await self._read_body(scope, receive)
+        body = await self._read_body(scope, receive, json=header_len is None)
+        if header_len is not None and header_len > self.max_json_bytes:
+            raise RequestTooLargeError(
+                f"the JSON header of {header_len} bytes is over the limit of {self.max_json_bytes} bytes"
+            )
         t0 = time.perf_counter()  # from here on the time is the server's, not the network's
         if len(body) > OFFLOAD_BODY_BYTES and self._offload is not None:
             request = await self._offload(decode_infer_request, body, header_len, name, version)
