@@ -10,7 +10,7 @@ import numpy as np
 from milliserve.errors import InvalidInputError, MalformedRequestError
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.proto import oip_pb2 as pb
-from milliserve.protocol.raw import array_from_raw, array_to_raw
+from milliserve.protocol.raw import array_from_raw, array_to_raw, check_shape
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 __all__ = [
@@ -94,8 +94,7 @@ def decode_infer_request(msg: Any) -> InferRequest:
     inputs: list[InferTensor] = []
     for i, t in enumerate(msg.inputs):
         shape = tuple(t.shape)
-        if any(d < 0 for d in shape):
-            raise MalformedRequestError(f"input {t.name!r}: shape {list(shape)} has negative dims")
+        check_shape(t.name, shape)
         oip_to_numpy(t.datatype)
         if raw:
             data = array_from_raw(t.name, t.datatype, shape, raw[i])

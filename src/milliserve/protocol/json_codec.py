@@ -15,11 +15,10 @@ import orjson
 
 from milliserve.errors import InvalidInputError, MalformedRequestError
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
-from milliserve.protocol.raw import array_from_raw, array_to_raw
+from milliserve.protocol.raw import array_from_raw, array_to_raw, check_shape
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 __all__ = [
-    "MAX_DIMS",
     "check_elements",
     "decode_infer_request",
     "decode_json_object",
@@ -29,8 +28,6 @@ __all__ = [
 ]
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
-# numpy arrays have at most 32 dims; a deeper shape or nesting is no tensor
-MAX_DIMS = 32
 
 
 def encode_json(obj: Any) -> bytes:
@@ -55,9 +52,9 @@ def _shape_of(name: str, raw: Any) -> tuple[int, ...]:
         raise MalformedRequestError(
             f"input {name!r}: 'shape' must be a list of non-negative integers, got {str(raw)[:80]}"
         )
-    if len(raw) > MAX_DIMS:
-        raise MalformedRequestError(f"input {name!r}: 'shape' has {len(raw)} dims; at most {MAX_DIMS}")
-    return tuple(raw)
+    shape = tuple(raw)
+    check_shape(name, shape)
+    return shape
 
 
 def check_elements(name: str, shape: tuple[int, ...], available: int) -> int:
@@ -100,8 +97,9 @@ def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
                 f"input {name!r}: data holds {probe.dtype.name} values, which are not valid {datatype}"
             )
         try:
-            out = probe.astype(dtype, casting="unsafe").reshape(-1)
-        except (ValueError, OverflowError) as exc:
+            with np.errstate(over="raise"):
+                out = probe.astype(dtype, casting="unsafe").reshape(-1)
+        except (ValueError, OverflowError, FloatingPointError) as exc:
             raise InvalidInputError(f"input {name!r}: data is not valid {datatype}: {exc}") from None
         if dtype.kind in "iu" and probe.dtype.kind in "iu" and not np.array_equal(out, probe.reshape(-1)):
             raise InvalidInputError(f"input {name!r}: data overflows {datatype}")
@@ -198,6 +196,8 @@ def decode_infer_request(
             raise MalformedRequestError(f"each input needs a 'name' and a 'datatype', got {item!r}")
         shape = _shape_of(name, item.get("shape"))
         iparams = item.get("parameters") or {}
+        if not isinstance(iparams, dict):
+            raise MalformedRequestError(f"input {name!r}: 'parameters' must be an object")
         size = iparams.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0:

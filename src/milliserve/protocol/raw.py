@@ -13,12 +13,34 @@ from typing import Any
 
 import numpy as np
 
-from milliserve.errors import MalformedRequestError
+from milliserve.errors import InvalidInputError, MalformedRequestError
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 
-__all__ = ["array_from_raw", "array_to_raw", "deserialize_bytes", "serialize_bytes"]
+__all__ = [
+    "MAX_DIMS",
+    "array_from_raw",
+    "array_to_raw",
+    "check_shape",
+    "deserialize_bytes",
+    "serialize_bytes",
+]
 
 _LEN = struct.Struct("<I")
+# numpy arrays have at most 32 dims
+MAX_DIMS = 32
+# no tensor has more elements than this (2**48: 256 TB of bytes), whatever its zero dims say
+_MAX_ELEMENTS = 1 << 48
+
+
+def check_shape(name: str, shape: tuple[int, ...]) -> None:
+    """Refuse a shape no tensor can have: negative or too many dims, or dims whose product
+    (zero dims aside) is beyond any memory, before anything is sized from it."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidInputError(f"input {name!r}: shape has {len(shape)} dims; at most {MAX_DIMS}")
+    if any(d < 0 for d in shape):
+        raise InvalidInputError(f"input {name!r}: shape {list(shape)} has negative dims")
+    if prod(d for d in shape if d) > _MAX_ELEMENTS:
+        raise InvalidInputError(f"input {name!r}: shape {list(shape)} is larger than any tensor can be")
 
 
 def deserialize_bytes(name: str, buf: bytes | memoryview, count: int) -> np.ndarray[Any, Any]:
@@ -73,6 +95,7 @@ def array_from_raw(
     name: str, datatype: str, shape: tuple[int, ...], buf: bytes | memoryview
 ) -> np.ndarray[Any, Any]:
     """Build the numpy array for a tensor from its raw bytes, checking the size first."""
+    check_shape(name, shape)
     count = prod(shape)
     if datatype == BYTES:
         return deserialize_bytes(name, buf, count).reshape(shape)
