@@ -43,12 +43,15 @@ class ServerProcess:
         *extra_args: str,
         ready_timeout_s: float = 60.0,
         env: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
+        """``headers`` go with the readiness poll (a token, when health is closed)."""
         self.repository = repository
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.extra_args = extra_args
         self.ready_timeout_s = ready_timeout_s
         self.env = env
+        self.headers = headers or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
 
@@ -83,12 +86,12 @@ class ServerProcess:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + self.ready_timeout_s
-        url = f"http://{self.http_url}/v2/health/ready"
+        ready = urllib.request.Request(f"http://{self.http_url}/v2/health/ready", headers=self.headers)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
             try:
-                with urllib.request.urlopen(url, timeout=1) as resp:
+                with urllib.request.urlopen(ready, timeout=1) as resp:
                     if resp.status == 200:
                         return self
             except (urllib.error.URLError, ConnectionError, TimeoutError):

@@ -89,9 +89,10 @@ class TokenizerStep:
         enc = self.tokenizer.encode_batch(texts)
         if self.refuse:
             for i, e in enumerate(enc):
-                if len(e.ids) > self.max_length:
+                tokens = sum(e.attention_mask)  # the padding to the longest text aside
+                if tokens > self.max_length:
                     raise InvalidInputError(
-                        f"input {self.text_input!r} element {i} is {len(e.ids)} tokens long; this "
+                        f"input {self.text_input!r} element {i} is {tokens} tokens long; this "
                         f"model takes at most {self.max_length} (tokenizer max_length)"
                     )
         ids = np.array([e.ids for e in enc], dtype=np.int64)
