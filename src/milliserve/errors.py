@@ -20,6 +20,7 @@ and what was expected.
     ├── DeadlineUnmeetableError      the request cannot finish before its deadline, so it is not run
     │                                (HTTP 429 / DEADLINE_EXCEEDED)
     ├── ModelControlDisabledError    the repository API is off (HTTP 403 / PERMISSION_DENIED)
+    ├── MissingDependencyError       an optional package a command needs is not installed
     └── BackendError                 the backend failed while loading or running (HTTP 500 / INTERNAL)
 """
 
@@ -32,6 +33,7 @@ __all__ = [
     "InvalidInputError",
     "MalformedRequestError",
     "MilliserveError",
+    "MissingDependencyError",
     "ModelControlDisabledError",
     "ModelNotReadyError",
     "NotFoundError",
@@ -107,6 +109,11 @@ class DeadlineUnmeetableError(MilliserveError):
 
 class ModelControlDisabledError(MilliserveError):
     """The repository (load/unload) API is disabled in this server."""
+
+
+class MissingDependencyError(MilliserveError):
+    """An optional package (an extra) that a command needs is not installed; the message
+    says what to install."""
 
 
 class BackendError(MilliserveError):

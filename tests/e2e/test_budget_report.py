@@ -4,6 +4,7 @@ model's budget, JSON and the waterfall PNG."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -53,7 +54,9 @@ def test_report_names_the_stage_over_budget(tmp_path: Path, write_add_sub: Calla
                 )
         out = tmp_path / "report.json"
         cmd = [sys.executable, "-m", "milliserve", "budget", "report", f"http://{server.http_url}"]
-        cmd += ["-m", "add_sub", "--metrics-url", server.metrics_url, "--json", str(out)]
+        # no --metrics-url: the report finds the server's metrics itself (its metrics port is
+        # a random one here, not 8002)
+        cmd += ["-m", "add_sub", "--json", str(out)]
         cmd += ["--plot", str(tmp_path / "plots"), "--fail-over"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 3, r.stderr  # --fail-over: a stage is over its budget
@@ -69,3 +72,22 @@ def test_report_names_the_stage_over_budget(tmp_path: Path, write_add_sub: Calla
     import matplotlib.image
 
     assert matplotlib.image.imread(str(png)).shape[0] > 100
+
+
+def test_plot_without_matplotlib_says_what_to_install(tmp_path: Path) -> None:
+    """In the README's main-job venv matplotlib is absent: one line naming the extra, before
+    any work, not a bare ModuleNotFoundError."""
+    fake = tmp_path / "site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    for args in (
+        ["budget", "report", "http://127.0.0.1:9", "-m", "m", "--plot", str(tmp_path)],
+        ["bench", "http://127.0.0.1:9", "-m", "m", "--plot", str(tmp_path)],
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "milliserve", *args], capture_output=True, text=True, env=env
+        )
+        assert r.returncode == 1, r.stderr
+        assert "needs matplotlib" in r.stderr and "pip install 'milliserve[bench]'" in r.stderr
+        assert "Traceback" not in r.stderr

@@ -9,19 +9,14 @@ from pathlib import Path
 import numpy as np
 
 from milliserve.bench.runner import BenchReport
+from milliserve.plotting import pyplot
 
 __all__ = ["write_plots"]
 
 
 def write_plots(report: BenchReport, out_dir: Path) -> list[Path]:
     """Write the three plots into ``out_dir``; returns their paths."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ImportError("--plot needs matplotlib: pip install 'milliserve[bench]'") from exc
+    plt = pyplot("milliserve bench --plot")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
 

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from milliserve.errors import ConfigError
 from milliserve.observability.timing import STAGES
+from milliserve.plotting import pyplot
 
 __all__ = ["BudgetReport", "StageRow", "budget_report", "percentile_from_buckets", "plot_waterfall"]
 
@@ -99,20 +100,34 @@ def _get(url: str) -> str:
         raise ConfigError(f"cannot reach {url}: {exc}") from None
 
 
+def _metrics_text(base: str, metrics_url: str | None) -> tuple[str, str]:
+    """(URL, text) of the server's Prometheus metrics: ``metrics_url``, or else the server's
+    own HTTP port (milliserve serves /metrics there too), or else the same host on 8002."""
+    if metrics_url is not None:
+        return metrics_url, _get(metrics_url)
+    host = base.split("://", 1)[1].rsplit(":", 1)[0]
+    tried = []
+    for candidate in (f"{base}/metrics", f"http://{host}:8002/metrics"):
+        try:
+            return candidate, _get(candidate)
+        except ConfigError as exc:
+            tried.append(exc.message)
+    raise ConfigError("no Prometheus metrics found (give --metrics-url): " + "; ".join(tried))
+
+
 def budget_report(url: str, model: str, metrics_url: str | None = None) -> BudgetReport:
     """Read the model's budget from ``url`` (its OIP config) and its stage histograms from
-    ``metrics_url`` (default: the same host, port 8002). Raises ConfigError naming what failed."""
+    ``metrics_url`` (default: the server's own /metrics, else port 8002 of the same host).
+    Raises ConfigError naming what failed."""
     base = url.rstrip("/")
     if "://" not in base:
         base = f"http://{base}"
     config = json.loads(_get(f"{base}/v2/models/{model}/config"))
     budget = config.get("budget") or {}
     stages_budget: dict[str, float] = budget.get("stages", {})
-    if metrics_url is None:
-        host = base.split("://", 1)[1].rsplit(":", 1)[0]
-        metrics_url = f"http://{host}:8002/metrics"
+    metrics_url, text = _metrics_text(base, metrics_url)
     buckets: dict[str, list[tuple[float, float]]] = {}
-    for family in text_string_to_metric_families(_get(metrics_url)):
+    for family in text_string_to_metric_families(text):
         if family.name != METRIC:
             continue
         for s in family.samples:
@@ -149,10 +164,7 @@ def budget_report(url: str, model: str, metrics_url: str | None = None) -> Budge
 
 def plot_waterfall(report: BudgetReport, path: Path) -> Path:
     """A waterfall of the stages' p99 against their allocations, in request order."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("milliserve budget report --plot")
 
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(report.rows) + 1.8))
     start_used = start_budget = 0.0

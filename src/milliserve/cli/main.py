@@ -57,8 +57,12 @@ def serve_settings(args: argparse.Namespace) -> Any:
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        by_path = {path: flag for flag, path in _SERVE_FLAGS.items()}
-        by_path[("http", "max_request_bytes")] = by_path[("grpc", "max_message_bytes")] = "max_request_bytes"
+        # a value the user typed is named by its flag; anything else came from the environment
+        by_path = {path: flag for flag, path in _SERVE_FLAGS.items() if getattr(args, flag, None) is not None}
+        if args.max_request_bytes is not None:
+            by_path[("http", "max_request_bytes")] = by_path[("grpc", "max_message_bytes")] = (
+                "max_request_bytes"
+            )
         lines = []
         for err in exc.errors():
             loc = tuple(str(p) for p in err["loc"])
@@ -178,7 +182,10 @@ def _budget_report(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from milliserve.budget.report import budget_report, plot_waterfall
+    from milliserve.plotting import pyplot
 
+    if args.plot:
+        pyplot("milliserve budget report --plot")  # before any work: fail now if it cannot draw
     report = budget_report(args.url, args.model, args.metrics_url)
     console = Console()
     table = Table(title=f"{report.model}: per-stage latency against the budget (from histogram buckets)")
@@ -213,7 +220,10 @@ def _bench(args: argparse.Namespace) -> int:
 
     from milliserve.bench.report import print_report, write_csv, write_json
     from milliserve.bench.runner import BenchConfig, run_bench
+    from milliserve.plotting import pyplot
 
+    if args.plot:
+        pyplot("milliserve bench --plot")  # before the run: fail now if it cannot draw
     cfg = BenchConfig(
         url=args.url,
         model=args.model,
@@ -468,7 +478,11 @@ def build_parser() -> argparse.ArgumentParser:
     br = bsub.add_parser("report", help="each stage's p50/p95/p99 against the model's budget, from /metrics")
     br.add_argument("url", help="the server, http://host:port (its model config holds the budget)")
     br.add_argument("-m", "--model", required=True)
-    br.add_argument("--metrics-url", default=None, help="Prometheus endpoint (default: same host, port 8002)")
+    br.add_argument(
+        "--metrics-url",
+        default=None,
+        help="Prometheus endpoint (default: the server's /metrics, else port 8002)",
+    )
     br.add_argument("--json", type=Path, default=None, help="write the report as JSON")
     br.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write the waterfall PNG into DIR")
     br.add_argument("--fail-over", action="store_true", help="exit 3 when a stage is over its budget")

@@ -38,8 +38,7 @@ __all__ = [
 CONFIG_FILES = ("config.yaml", "config.yml", "config.pbtxt")
 # ``parameters`` that the runtime reads, whatever the backend (backends accept these too).
 RUNTIME_PARAMETERS = frozenset({"allow_nonfinite_inputs", "inline_execution"})
-SUPPORTED_PLATFORMS = ("", "onnxruntime_onnx", "ensemble")
-SUPPORTED_BACKENDS = ("", "onnxruntime")
+# platform and backend are checked against the backend registry when a model loads
 
 
 class TensorConfig(_Strict):
@@ -250,20 +249,6 @@ class ModelConfig(_Strict):
                 x = str(x)
             flat[k] = x
         return flat
-
-    @field_validator("platform")
-    @classmethod
-    def _platform(cls, v: str) -> str:
-        if v not in SUPPORTED_PLATFORMS:
-            raise ValueError(f"platform {v!r} is not supported; use 'onnxruntime_onnx' or 'ensemble'")
-        return v
-
-    @field_validator("backend")
-    @classmethod
-    def _backend(cls, v: str) -> str:
-        if v not in SUPPORTED_BACKENDS:
-            raise ValueError(f"backend {v!r} is not supported; use 'onnxruntime'")
-        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:

@@ -46,6 +46,7 @@ from milliserve.optimize.torch_variants import (
     student_from_layers,
 )
 from milliserve.optimize.variants import Variant, build_variants, wanted_by
+from milliserve.plotting import pyplot
 
 __all__ = ["OptimizeReport", "optimize"]
 
@@ -362,10 +363,7 @@ def _write_reports(report: OptimizeReport, output: Path) -> None:
 
 
 def _plot(report: OptimizeReport, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("milliserve optimize's Pareto plot")
 
     rows = [r for r in report.rows if not r["skipped"]]
     fig, ax = plt.subplots(figsize=(8, 5))
