@@ -11,9 +11,14 @@ A controller, every ``interval_s`` once enough requests were seen:
   be met at this load the controller keeps throughput rather than collapse. When the
   queue is short and one batch's compute alone takes more than half the target,
   batches are too big: the cap shrinks by 30%.
-- well under the target (< 70%), it adds a small step of delay (up to a quarter of the
-  target) and grows the cap by a quarter, for more throughput per batch.
+- well under the target (< 70%), it grows the cap by a quarter; and it adds a small
+  step of delay (up to a quarter of the target) only while the instances are busy
+  most of the time (over 80%), when a fuller batch saves compute. With idle
+  instances a delay only adds latency, so it halves the delay instead (down to none:
+  the batcher is work-conserving without one).
 - in between it holds.
+
+It starts from the configured delay (none by default) and the full ``max_batch_size``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class AdaptiveBatching:
         target_s: float,
         interval_s: float = 0.25,
         min_samples: int = 20,
+        instances: int = 1,
     ) -> None:
         self.batcher = batcher
         self.base = base
@@ -42,8 +48,10 @@ class AdaptiveBatching:
         self.interval_s = interval_s
         self.min_samples = min_samples
         self.cap = base.max_batch_size
-        self.delay_s = base.max_queue_delay_s or target_s * 0.05
+        self.delay_s = base.max_queue_delay_s
         self.step_s = max(50e-6, target_s * 0.02)
+        self.instances = max(1, instances)
+        self._busy_at = (time.perf_counter(), getattr(batcher, "busy_s", 0.0))
         self.samples: deque[float] = deque(maxlen=2000)
         self.compute: deque[float] = deque(maxlen=2000)
         self.queue: deque[float] = deque(maxlen=2000)
@@ -69,10 +77,21 @@ class AdaptiveBatching:
     def p99(self) -> float:
         return self._p99(self.samples)
 
+    def utilization(self) -> float:
+        """The share of instance time spent running batches since the last adjustment."""
+        now, busy = time.perf_counter(), getattr(self.batcher, "busy_s", 0.0)
+        then, was = self._busy_at
+        self._busy_at = (now, busy)
+        return (busy - was) / max(1e-9, (now - then) * self.instances)
+
+    def _shorter_delay(self) -> None:
+        self.delay_s = 0.0 if self.delay_s < 2 * self.step_s else self.delay_s * 0.5
+
     def _adjust(self) -> None:
         p99 = self.p99()
+        busy = self.utilization()
         if p99 > self.target_s:
-            self.delay_s *= 0.5
+            self._shorter_delay()
             queue, compute = self._p99(self.queue), self._p99(self.compute)
             if queue > compute:
                 self.cap = min(self.base.max_batch_size, self.cap * 2)  # queueing: more throughput
@@ -80,7 +99,10 @@ class AdaptiveBatching:
                 self.cap = max(1, int(self.cap * 0.7))  # one batch alone eats the budget
         elif p99 < 0.7 * self.target_s:
             self.cap = min(self.base.max_batch_size, self.cap + max(1, self.cap // 4))
-            self.delay_s = min(self.delay_s + self.step_s, 0.25 * self.target_s)
+            if busy > 0.8:  # nearly saturated: fuller batches save compute
+                self.delay_s = min(self.delay_s + self.step_s, 0.25 * self.target_s)
+            else:  # idle time to spare: waiting only adds latency
+                self._shorter_delay()
         else:
             return
         self.samples.clear()  # judge the new setting on its own requests

@@ -136,6 +136,7 @@ class Batcher:
         # For models run on the event loop thread: before running an idle instance's batch,
         # yield the loop once so requests the server has already read join it (see execute).
         self.gather_ready = False
+        self.busy_s = 0.0  # instance-seconds spent running batches (budget-driven batching reads it)
         # asyncio objects are made in start(), inside the running loop
         self._wakeup: asyncio.Event
         self._drained: asyncio.Event
@@ -247,9 +248,11 @@ class Batcher:
         self._inflight += 1
         self._inflight_items += len(batch)
         self._drained.clear()
+        started = time.perf_counter()
         try:
             await self._runner(batch, index)
         finally:
+            self.busy_s += time.perf_counter() - started
             self._inflight -= 1
             self._inflight_items -= len(batch)
             self._free.append(index)

@@ -73,7 +73,11 @@ class BatchExecute:
         # seconds per input element of an inline-eligible model (None: not eligible)
         self._inline_per_work: float | None = None
         self.inline_runs = 0
-        self.adaptive = AdaptiveBatching(self.batcher, policy, target_p99_s) if target_p99_s else None
+        self.adaptive = (
+            AdaptiveBatching(self.batcher, policy, target_p99_s, instances=len(self._backends))
+            if target_p99_s
+            else None
+        )
         stats.pending = self.batcher.pending
         if self.adaptive is not None:
             tuned = self.adaptive

@@ -15,7 +15,7 @@ def _controller(**kw: Any) -> tuple[AdaptiveBatching, Any]:
     base = BatchPolicy(
         "m", merge=True, max_batch_size=32, preferred_batch_sizes=(8, 32), max_queue_delay_s=0.001
     )
-    batcher = SimpleNamespace(policy=base)
+    batcher = SimpleNamespace(policy=base, busy_s=0.0)
     return AdaptiveBatching(batcher, base, target_s=0.020, interval_s=0.0, **kw), batcher  # type: ignore[arg-type]
 
 
@@ -29,10 +29,19 @@ def test_slow_batches_shrink_the_cap_then_it_recovers_under_the_target() -> None
         ctl.observe(0.0, 0.030)
     assert batcher.policy.max_batch_size == 15
     for _ in range(400):
+        batcher.busy_s += 1.0  # the instance is always running: fuller batches pay
         ctl.observe(0.001, 0.004)  # well under: grow again, step by step, never past the limits
     assert batcher.policy.max_batch_size == 32
     assert batcher.policy.max_queue_delay_s == 0.005  # a quarter of the target at most
     assert ctl.adjustments >= 3
+
+
+def test_with_idle_instances_a_delay_only_adds_latency() -> None:
+    ctl, batcher = _controller()
+    for _ in range(200):
+        ctl.observe(0.001, 0.004)  # well under the target, and the instance mostly idle
+    assert batcher.policy.max_queue_delay_s == 0.0  # work-conserving: no waiting at all
+    assert batcher.policy.max_batch_size == 32
 
 
 def test_holds_in_the_comfort_band_and_waits_for_enough_samples() -> None:
