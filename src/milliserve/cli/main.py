@@ -10,73 +10,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from milliserve._version import __version__
+from milliserve.cli.serve import UsageError, parse_bool, serve_settings
 
 __all__ = ["main"]
 
 DEFAULT_EXAMPLE_REPO = Path("build/model_repository")
-
-
-# flag -> where it lands in Settings (a validation error names the flag the user typed)
-_SERVE_FLAGS: dict[str, tuple[str, ...]] = {
-    "model_repository": ("model_repository",),
-    "host": ("host",),
-    "http_port": ("http", "port"),
-    "grpc_port": ("grpc", "port"),
-    "metrics_port": ("metrics", "port"),
-    "model_control_mode": ("model_control_mode",),
-    "load_model": ("load_models",),
-    "log_level": ("log_level",),
-    "redis_url": ("redis", "url"),
-    "auth_token": ("auth", "token"),
-    "strict_readiness": ("strict_readiness",),
-}
-
-
-def serve_settings(args: argparse.Namespace) -> Any:
-    """Settings from the environment with the flags given on top, validated once, together.
-    Raises UsageError naming the flag (or variable) and the value."""
-    from pydantic import ValidationError
-
-    from milliserve.config.settings import Settings
-
-    overrides: dict[str, Any] = {}
-    for flag, path in _SERVE_FLAGS.items():
-        value = getattr(args, flag, None)
-        if value is None:
-            continue
-        node = overrides
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    if args.max_request_bytes is not None:  # one limit for both front ends
-        overrides.setdefault("http", {})["max_request_bytes"] = args.max_request_bytes
-        overrides.setdefault("grpc", {})["max_message_bytes"] = args.max_request_bytes
-    try:
-        settings = Settings(**overrides)
-    except ValidationError as exc:
-        # a value the user typed is named by its flag; anything else came from the environment
-        by_path = {path: flag for flag, path in _SERVE_FLAGS.items() if getattr(args, flag, None) is not None}
-        if args.max_request_bytes is not None:
-            by_path[("http", "max_request_bytes")] = by_path[("grpc", "max_message_bytes")] = (
-                "max_request_bytes"
-            )
-        lines = []
-        for err in exc.errors():
-            loc = tuple(str(p) for p in err["loc"])
-            given = by_path.get(loc)
-            where = f"--{given.replace('_', '-')}" if given else "MILLISERVE_" + "__".join(loc).upper()
-            lines.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
-        raise UsageError("; ".join(dict.fromkeys(lines))) from None
-    if settings.model_repository is None:
-        raise UsageError("no model repository: give MODEL_REPOSITORY or set MILLISERVE_MODEL_REPOSITORY")
-    return settings
-
-
-class UsageError(Exception):
-    """Bad command-line arguments (exit code 2)."""
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -125,13 +65,6 @@ def _demo(args: argparse.Namespace) -> int:
         )
     console.print(table)
     return 0
-
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value not in ("true", "false", "1", "0", "yes", "no"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
-    return value in ("true", "1", "yes")
 
 
 def _levels(text: str, kind: type) -> list:  # type: ignore[type-arg]
@@ -367,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--strict-readiness",
-        type=_bool,
+        type=parse_bool,
         default=None,
         metavar="true|false",
         help="ready only while every model that should serve does (default true, as Triton)",

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from milliserve.cli.main import UsageError, build_parser, main, serve_settings
+from milliserve.cli.main import build_parser, main
+from milliserve.cli.serve import UsageError, serve_settings
 
 
 def settings(*argv: str) -> object:
