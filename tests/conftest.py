@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from milliserve.examples.build import build_examples
+from milliserve.testing import wait_until, wait_until_async
 
 ModelWriter = Callable[..., Path]
 
@@ -114,6 +115,33 @@ def example_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run() -> Callable[[Coroutine[Any, Any, Any]], Any]:
     """Run a coroutine to completion in a fresh event loop."""
     return asyncio.run
+
+
+class Poll:
+    """``poll.until(lambda: ..., what=...)``: milliserve.testing's wait_until as a fixture."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+
+    def until(
+        self, condition: Callable[[], object], timeout_s: float = 30.0, what: str = "condition"
+    ) -> float:
+        return wait_until(condition, timeout_s, what, self.interval_s)
+
+    async def until_async(
+        self,
+        condition: Callable[[], object] | Callable[[], Awaitable[object]],
+        timeout_s: float = 30.0,
+        what: str = "condition",
+    ) -> float:
+        return await wait_until_async(condition, timeout_s, what, self.interval_s)
+
+
+@pytest.fixture
+def poll() -> Poll:
+    """Wait for a condition instead of sleeping for it: ``poll.until(lambda: ..., what=...)``,
+    or ``await poll.until_async(...)`` inside an event loop."""
+    return Poll()
 
 
 @dataclass(frozen=True)

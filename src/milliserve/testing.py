@@ -4,6 +4,7 @@ and a server in this process. Public, so users' own tests can use them too."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from contextlib import closing
 from pathlib import Path
 from types import TracebackType
@@ -20,7 +22,50 @@ from typing import Any, Literal
 from milliserve.config.settings import GrpcSettings, HttpSettings, MetricsSettings, Settings
 from milliserve.server.app import Server
 
-__all__ = ["InProcessServer", "RedisServer", "ServerProcess", "free_port"]
+__all__ = [
+    "InProcessServer",
+    "RedisServer",
+    "ServerProcess",
+    "free_port",
+    "wait_until",
+    "wait_until_async",
+]
+
+
+def wait_until(
+    condition: Callable[[], object],
+    timeout_s: float = 30.0,
+    what: str = "condition",
+    interval_s: float = 0.005,
+) -> float:
+    """Poll ``condition`` until it holds; the seconds waited. AssertionError naming ``what``
+    after ``timeout_s``. A sleep sized for an idle machine is too short on a loaded CI
+    machine and wasted on an idle one: wait for the condition instead."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"{what} did not hold within {timeout_s:g} s")
+        time.sleep(interval_s)
+    return time.monotonic() - start
+
+
+async def wait_until_async(
+    condition: Callable[[], object] | Callable[[], Awaitable[object]],
+    timeout_s: float = 30.0,
+    what: str = "condition",
+    interval_s: float = 0.005,
+) -> float:
+    """As ``wait_until``, inside an event loop; ``condition`` may be a coroutine function."""
+    start = time.monotonic()
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"{what} did not hold within {timeout_s:g} s")
+        await asyncio.sleep(interval_s)
 
 
 def free_port() -> int:

@@ -5,6 +5,7 @@ MiniLM, a head, rules), checked against the same steps computed here."""
 from __future__ import annotations
 
 import csv
+import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +23,14 @@ from milliserve.examples.fraud import USER_FEATURES
 from milliserve.testing import ServerProcess
 
 pytestmark = pytest.mark.e2e
+
+
+def roomy() -> dict[str, str]:
+    """A deadline of the request's own, which replaces its pipeline's budget (p99 50 ms): tests
+    about what a pipeline computes send it, since a loaded CI machine misses that budget now
+    and then, and the server rightly refuses (429) what it cannot finish in time. A new dict
+    each time: tritonclient adds its own headers to the one it is given."""
+    return {"x-request-deadline-ms": "60000"}
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -57,7 +66,7 @@ def test_fraud_pipeline_matches_its_steps_over_http_and_grpc(
     labels, scores = _expected_fraud(example_repo, users, tx)
     assert {"approve", "review", "decline"} <= set(labels)  # the data exercises every rule
     with httpclient.InferenceServerClient(server.http_url) as http:
-        result = http.infer("fraud", _fraud_inputs(httpclient, users, tx))
+        result = http.infer("fraud", _fraud_inputs(httpclient, users, tx), headers=roomy())
         assert [v.decode() for v in result.as_numpy("decision")[:, 0]] == labels
         np.testing.assert_allclose(result.as_numpy("fraud_score")[:, 0], scores, atol=1e-5)
         assert result.get_response()["parameters"]["features_defaulted"] == "4 unknown entities"
@@ -65,7 +74,7 @@ def test_fraud_pipeline_matches_its_steps_over_http_and_grpc(
         assert meta["platform"] == "ensemble"
         assert [i["name"] for i in meta["inputs"]] == ["user_id", "transaction"]
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    result = grpc.infer("fraud", _fraud_inputs(grpcclient, users[:4], tx[:4]))
+    result = grpc.infer("fraud", _fraud_inputs(grpcclient, users[:4], tx[:4]), client_timeout=60)
     assert [v.decode() for v in result.as_numpy("decision")[:, 0]] == labels[:4]
     config = grpc.get_model_config("fraud").config  # Triton's own message: our step fields skipped
     assert config.platform == "ensemble"
@@ -92,7 +101,7 @@ def test_sentiment_pipeline_raw_text_to_label(server: ServerProcess, example_rep
     with httpclient.InferenceServerClient(server.http_url) as http:
         text = httpclient.InferInput("TEXT", [3, 1], "BYTES")
         text.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
-        result = http.infer("sentiment", [text])
+        result = http.infer("sentiment", [text], headers=roomy())
     got = [v.decode() for v in result.as_numpy("label")[:, 0]]
     assert got == [("negative", "positive")[i] for i in probs.argmax(1)]
     assert got[:2] == ["positive", "negative"]
@@ -101,6 +110,13 @@ def test_sentiment_pipeline_raw_text_to_label(server: ServerProcess, example_rep
 
 def _stages(header: str) -> dict[str, float]:
     return {k: float(v.split("=")[1]) for k, v in (p.strip().split(";") for p in header.split(","))}
+
+
+# A pipeline step refused for its deadline (HTTP 429): by admission, or dropped from the queue.
+REFUSED = re.compile(
+    r"^step (\d) \(model (\w+)\): request to model '[^']+' "
+    r"(would miss its deadline: .*|reached its deadline while queued); not run$"
+)
 
 
 def test_pipeline_stages_deadlines_and_batching(server: ServerProcess) -> None:
@@ -112,20 +128,26 @@ def test_pipeline_stages_deadlines_and_batching(server: ServerProcess) -> None:
         ]
     }
     with httpx.Client() as c:
-        r = c.post(f"{base}/fraud/infer", json=body)
-        assert r.status_code == 200, r.text
-        stages = _stages(r.headers["server-timing"])
-        total = stages.pop("total")
-        assert list(stages) == [
-            "parse",
-            "features",
-            "preprocess",
-            "queue",
-            "infer",
-            "postprocess",
-            "serialize",
-        ]
-        assert sum(stages.values()) == pytest.approx(total, rel=0.25, abs=0.05)
+        timings = []
+        for _ in range(5):
+            r = c.post(f"{base}/fraud/infer", json=body, headers=roomy())
+            assert r.status_code == 200, r.text
+            stages = _stages(r.headers["server-timing"])
+            total = stages.pop("total")
+            assert list(stages) == [
+                "parse",
+                "features",
+                "preprocess",
+                "queue",
+                "infer",
+                "postprocess",
+                "serialize",
+            ]
+            assert sum(stages.values()) <= total + 0.001 * len(stages)  # within it, up to rounding
+            timings.append((sum(stages.values()), total))
+        # the stages account for the server's time, up to routing and bookkeeping; on a loaded
+        # machine a preemption between two stages may widen that gap for a request, not for all
+        assert any(staged == pytest.approx(total, rel=0.25, abs=0.05) for staged, total in timings), timings
 
         def executions(model: str) -> int:
             return int(c.get(f"{base}/{model}/stats").json()["model_stats"][0]["execution_count"])
@@ -133,15 +155,39 @@ def test_pipeline_stages_deadlines_and_batching(server: ServerProcess) -> None:
         before = executions("fraud_mlp")
         late = c.post(f"{base}/fraud/infer", json=body, headers={"x-request-deadline-ms": "0.001"})
         assert late.status_code == 429, late.text
-        assert "step 3 (model fraud_mlp)" in late.json()["error"] and "not run" in late.json()["error"]
+        refused = REFUSED.match(late.json()["error"])
+        assert refused and refused.group(1, 2) == ("3", "fraud_mlp"), late.json()["error"]
         assert executions("fraud_mlp") == before  # refused before any compute
 
-        # concurrent pipeline requests meet at the model's batcher
+        # Under the pipeline's 50 ms budget each request is answered or refused at once: a
+        # loaded machine refuses some (429, naming the step, nothing computed for them), never
+        # fails one. Their models ran only for the requests that reached them.
         text = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["so so"]}]}
+        before = {m: executions(m) for m in ("minilm", "sentiment_head")}
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: c.post(f"{base}/sentiment/infer", json=text), range(48)))
+        ok = sum(a.status_code == 200 for a in answers)
+        refused_at = []
+        for a in answers:
+            if a.status_code != 200:
+                assert a.status_code == 429, a.text
+                found = REFUSED.match(a.json()["error"])
+                assert found, a.json()["error"]
+                refused_at.append((int(found[1]), found[2]))
+        assert set(refused_at) <= {(2, "minilm"), (3, "sentiment_head")}, refused_at
+        ran_minilm = ok + refused_at.count((3, "sentiment_head"))
+        assert executions("minilm") - before["minilm"] <= ran_minilm
+        assert executions("sentiment_head") - before["sentiment_head"] <= ok
+
+        # With a roomy deadline of their own none is refused, and concurrent pipeline requests
+        # meet at the model's batcher
         before_minilm = executions("minilm")
         with ThreadPoolExecutor(8) as pool:
             codes = list(
-                pool.map(lambda _: c.post(f"{base}/sentiment/infer", json=text).status_code, range(48))
+                pool.map(
+                    lambda _: c.post(f"{base}/sentiment/infer", json=text, headers=roomy()).status_code,
+                    range(48),
+                )
             )
         assert codes == [200] * 48
         assert executions("minilm") - before_minilm < 48
@@ -189,15 +235,14 @@ ensemble_scheduling:
 
 
 def test_fraud_features_from_redis_wait_no_longer_than_their_budget(
-    example_repo: Path, tmp_path: Path
+    example_repo: Path, tmp_path: Path, poll: Any
 ) -> None:
     """The same pipeline reading Redis hashes. The server's Redis timeout is set to 2 s, but
-    the budget gives the features stage 5 ms: a Redis stuck in DEBUG SLEEP costs a request
-    about that, not the server-wide timeout, and the users' defaults are used (and said)."""
+    the budget gives the features stage 5 ms: a Redis that answers nobody (CLIENT PAUSE) costs
+    a request about that, not the server-wide timeout, and the users' defaults are used (and said)."""
     import os
     import subprocess
     import sys
-    import threading
     import time
 
     import redis
@@ -213,6 +258,8 @@ def test_fraud_features_from_redis_wait_no_longer_than_their_budget(
     config.write_text(text.replace('table: "users.csv"', 'redis_prefix: "user:"'))
     users, tx = ["u0003", "u0004"], np.array([[0.5, 0.5, 0.5, 0.5], [2.0, 1.0, 0.0, 0.0]], np.float32)
     labels, scores = _expected_fraud(example_repo, users, tx)
+    defaults, _ = _expected_fraud(example_repo, ["nobody", "nobody"], tx)
+    assert defaults != labels  # the data tells Redis's features from the defaults
     with RedisServer() as redis_server:
         load = [sys.executable, "-m", "milliserve", "features", "load", str(repo / "fraud" / "users.csv")]
         load += ["--redis", redis_server.url, "--key", "user_id", "--prefix", "user:"]
@@ -222,19 +269,32 @@ def test_fraud_features_from_redis_wait_no_longer_than_their_budget(
             ServerProcess(repo, "--redis-url", redis_server.url, env=env) as server,
             httpclient.InferenceServerClient(server.http_url) as http,
         ):
-            result = http.infer("fraud", _fraud_inputs(httpclient, users, tx))
+            # The first requests dial Redis, which a loaded machine may not do within 5 ms:
+            # those are answered from the defaults, and say so. Soon one reads Redis.
+            answers: list[Any] = []  # (with roomy() the features stage keeps its 5 ms)
+
+            def from_redis() -> bool:
+                answers.append(http.infer("fraud", _fraud_inputs(httpclient, users, tx), headers=roomy()))
+                return "parameters" not in answers[-1].get_response()
+
+            poll.until(from_redis, timeout_s=30, what="a request answered with Redis's features")
+            for result in answers[:-1]:
+                notes = result.get_response()["parameters"]
+                assert notes["features_defaulted"] == "feature store unavailable"
+                assert [v.decode() for v in result.as_numpy("decision")[:, 0]] == defaults
+            result = answers[-1]
             assert [v.decode() for v in result.as_numpy("decision")[:, 0]] == labels
             np.testing.assert_allclose(result.as_numpy("fraud_score")[:, 0], scores, atol=1e-5)
-            assert "parameters" not in result.get_response()
 
-            blocker = redis.Redis.from_url(redis_server.url)
-            sleeper = threading.Thread(target=lambda: blocker.execute_command("DEBUG", "SLEEP", "1"))
-            sleeper.start()
-            time.sleep(0.1)
+            # Redis answers nobody for 1 s (CLIENT PAUSE is in force once it returns)
+            pauser = redis.Redis.from_url(redis_server.url)
+            assert pauser.execute_command("CLIENT", "PAUSE", "1000", "ALL")
             t0 = time.perf_counter()
-            slow = http.infer("fraud", _fraud_inputs(httpclient, users, tx))
+            slow = http.infer("fraud", _fraud_inputs(httpclient, users, tx), headers=roomy())
             waited = time.perf_counter() - t0
-            sleeper.join()
-            blocker.close()
+            pauser.ping()  # returns when the pause is over
+            pauser.close()
     assert slow.get_response()["parameters"]["features_defaulted"] == "feature store unavailable"
-    assert waited < 0.25, f"waited {waited:.3f}s for a stuck Redis; the budget allows 5 ms"
+    # 5 ms for the features, plus the rest of the request on a loaded machine; far from the
+    # pause (1 s) and the server-wide Redis timeout (2 s) that would bound it otherwise
+    assert waited < 0.5, f"waited {waited:.3f}s for a stuck Redis; the budget allows 5 ms"

@@ -6,26 +6,14 @@ themselves. benchmarks/redis_cache_drill.py runs the same drill and reports the 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from milliserve.bench.cache_drill import Load, Stalls, cache_counts, write_add_sub
-from milliserve.testing import RedisServer, ServerProcess
+from milliserve.testing import RedisServer, ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float) -> float | None:
-    """Seconds until ``condition()`` held (polled), or None if it did not within ``timeout_s``."""
-    t0 = time.monotonic()
-    while not condition():
-        if time.monotonic() - t0 > timeout_s:
-            return None
-        time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def test_busy_redis_keeps_its_hit_ratio_and_a_restart_fails_no_request(tmp_path: Path) -> None:
@@ -50,8 +38,9 @@ def test_busy_redis_keeps_its_hit_ratio_and_a_restart_fails_no_request(tmp_path:
                 redis_server = RedisServer(port=redis_server.port)  # same port, empty
                 redis_server.start()
                 back = cache_counts(server.http_url)[0]
-                resumed_s = wait_for(lambda: cache_counts(server.http_url)[0] >= back + 20, timeout_s=15)
-                assert resumed_s is not None, f"no hits 15 s after Redis came back:\n{server.logs()}"
+                wait_until(
+                    lambda: cache_counts(server.http_url)[0] >= back + 20, 15, "hits after the restart"
+                )
             assert load.failed == 0, f"{load.failed} of {load.sent} requests failed: {load.errors}"
             assert load.wrong == 0, f"{load.wrong} of {load.sent} answers were wrong"
         assert "response cache (redis) unavailable, bypassed for 1 s: connection refused" in server.logs()

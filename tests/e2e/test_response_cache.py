@@ -4,9 +4,9 @@ shared by two replicas, Triton's cache statistics and Prometheus counters."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -69,12 +69,14 @@ def test_repeated_requests_are_answered_from_the_cache_whatever_their_id(
 
 
 def test_two_replicas_share_answers_through_redis_and_survive_its_outage(
-    tmp_path: Path, write_add_sub: Callable[..., Path]
+    tmp_path: Path, write_add_sub: Callable[..., Path], poll: Any
 ) -> None:
     write_add_sub(tmp_path, config=CACHED_REDIS)
     x = np.full((1, 4), 3.0, dtype=np.float32)
     with RedisServer() as redis_server:
-        env = {**os.environ, "MILLISERVE_REDIS__BACKOFF_S": "0.2"}
+        # a Redis bound far above a healthy call on a loaded CI machine, where the default 50 ms
+        # was sometimes missed by a first call (it dials Redis); a stopped Redis refuses at once
+        env = {**os.environ, "MILLISERVE_REDIS__BACKOFF_S": "0.2", "MILLISERVE_REDIS__TIMEOUT_MS": "1000"}
         with (
             ServerProcess(tmp_path, env={**env, "MILLISERVE_REDIS__URL": redis_server.url}) as a,
             ServerProcess(tmp_path, "--redis-url", redis_server.url, env=env) as b,  # flag or env
@@ -91,8 +93,10 @@ def test_two_replicas_share_answers_through_redis_and_survive_its_outage(
             assert 'milliserve_cache_errors_total{model="add_sub"' in metrics
             redis_server.start()
             _infer(ca, x + 100, "r1")  # stored by a (its broken connection redialled) ...
-            deadline = time.monotonic() + 15
-            while _cache_stats(cb)["hit"] < 2 and time.monotonic() < deadline:
-                _infer(cb, x + 100, "r2")  # ... and found by b once its breaker lets Redis back
-                time.sleep(0.02)
+
+            def found_by_b() -> bool:  # ... and found by b once its breaker lets Redis back
+                _infer(cb, x + 100, "r2")
+                return _cache_stats(cb)["hit"] >= 2
+
+            poll.until(found_by_b, timeout_s=15, what="replica b finding a's answer in Redis")
             assert _cache_stats(cb)["hit"] == 2  # both recovered without a restart

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from milliserve.testing import ServerProcess
+from milliserve.testing import ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -49,13 +49,6 @@ def pending(srv: ServerProcess, model: str = "slow") -> float:
         if line.startswith(f'milliserve_pending_request_count{{model="{model}"'):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 def test_repository_api_over_http_and_grpc(example_repo: Path) -> None:

@@ -43,14 +43,19 @@ def test_stages_are_reported_on_http_grpc_and_metrics(
 ) -> None:
     write_add_sub(tmp_path, config=CONFIG)
     with ServerProcess(tmp_path) as server, httpx.Client(base_url=f"http://{server.http_url}") as client:
-        r = client.post("/v2/models/add_sub/infer", json=_body(1.0))
-        assert r.status_code == 200
-        stages = _stages(r.headers["server-timing"])
-        assert list(stages)[-1] == "total"
-        total = stages.pop("total")
-        assert {"parse", "cache", "queue", "infer", "serialize"} <= set(stages)
-        # the stages account for the server's time, up to routing and bookkeeping
-        assert sum(stages.values()) == pytest.approx(total, rel=0.25, abs=0.05)
+        timings = []
+        for value in (1.0, 11.0, 12.0, 13.0, 14.0):  # five misses (2.0 is for gRPC below)
+            r = client.post("/v2/models/add_sub/infer", json=_body(value))
+            assert r.status_code == 200
+            stages = _stages(r.headers["server-timing"])
+            assert list(stages)[-1] == "total"
+            total = stages.pop("total")
+            assert {"parse", "cache", "queue", "infer", "serialize"} <= set(stages)
+            assert sum(stages.values()) <= total + 0.001 * len(stages)  # within it, up to rounding
+            timings.append((sum(stages.values()), total))
+        # the stages account for the server's time, up to routing and bookkeeping; on a loaded
+        # machine a preemption between two stages may widen that gap for a request, not for all
+        assert any(staged == pytest.approx(total, rel=0.25, abs=0.05) for staged, total in timings), timings
         hit = _stages(client.post("/v2/models/add_sub/infer", json=_body(1.0)).headers["server-timing"])
         assert "cache" in hit and "queue" not in hit and "infer" not in hit  # answered from the cache
 

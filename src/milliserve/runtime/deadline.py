@@ -13,7 +13,10 @@ tells the estimator it was wrong. Three things see to that:
 - **probes**: while it refuses and the model is idle, one request per
   ``probe_interval_s`` runs anyway; an observation far faster than the estimate
   (under half of it) discounts the older ones fourfold, so a model whose slow
-  period has ended is re-measured within a few probes, not a few half-lives.
+  period has ended is re-measured within a few probes, not a few half-lives. When
+  nothing has run since the load-time probe, the model's warmup input is run in the
+  background instead (``reprobe_due``), so a probe taken on a busy machine cannot
+  refuse everything for good.
 """
 
 from __future__ import annotations
@@ -153,6 +156,17 @@ class LatencyEstimator:
         if not self._s0 or not idle or now - self.last_observed < self.probe_interval_s:
             return False
         if now - self._last_probe < self.probe_interval_s:
+            return False
+        self._last_probe = now
+        self.probes += 1
+        return True
+
+    def reprobe_due(self, idle: bool, now: float) -> bool:
+        """Whether to re-measure the model with its warmup input, in the background: the only
+        estimate is the load-time probe (no request has run since), it says refuse, and the
+        model is idle. A probe taken while the machine was busy would otherwise refuse every
+        request for good. At most once per ``probe_interval_s``."""
+        if self._s0 or not idle or now - self._last_probe < self.probe_interval_s:
             return False
         self._last_probe = now
         self.probes += 1

@@ -73,6 +73,8 @@ class BatchExecute:
         # seconds per input element of an inline-eligible model (None: not eligible)
         self._inline_per_work: float | None = None
         self.inline_runs = 0
+        self.probe_feeds: Arrays | None = None  # the warmup input, to re-measure the model
+        self._probes: set[asyncio.Task[None]] = set()
         self.adaptive = (
             AdaptiveBatching(self.batcher, policy, target_p99_s, instances=len(self._backends))
             if target_p99_s
@@ -107,7 +109,29 @@ class BatchExecute:
         """Whether small batches may run on the event loop thread."""
         return self._inline_mode == "true" or self._inline_per_work is not None
 
+    def reprobe(self) -> None:
+        """Run the warmup input once in the background, through the batcher like a request,
+        so that the latency estimate gets a fresh observation."""
+        feeds = self.probe_feeds
+        if feeds is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._probe(feeds))
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    async def _probe(self, feeds: Arrays) -> None:
+        batching = self.io.max_batch_size > 0
+        size = next(iter(feeds.values())).shape[0] if batching and feeds else 1
+        signature = tuple(sorted((n, a.shape[1:]) for n, a in feeds.items()))
+        future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
+        try:
+            await self.batcher.execute(QueuedRequest(feeds, size, signature, future), None)
+        except Exception as exc:  # a probe that fails tells nothing; the requests will
+            log.debug("%s: latency probe failed: %r", self.label, exc)
+
     async def close(self) -> None:
+        for task in self._probes:
+            task.cancel()
         await self.batcher.close(drain=True)
         for w in self.workers:
             w.close()

@@ -156,7 +156,7 @@ class ModelRuntime(RoadServable):
             *(StepStage(s) for s in steps),
             Validate(self.io),
             *cache_stage(cache, self.stats, config.name, version),
-            Admit(config.name, self.estimator, self.batcher, len(backends)),
+            Admit(config.name, self.estimator, self.batcher, len(backends), self.execute.reprobe),
         ]
         self.road = build_road(stages, self.execute)
 
@@ -219,6 +219,7 @@ class ModelRuntime(RoadServable):
         runtime.colocated = colocate and executor.loop_cpu is not None
         work = sum(a.size for a in feeds.values()) if feeds is not None else 1
         runtime.estimator.prior_s, runtime.estimator.prior_work = compute_s, float(max(work, 1))
+        runtime.execute.probe_feeds = feeds
         workers = [executor.worker(f"{name}:{version}:{inst.name}", colocate=colocate) for inst in instances]
         await runtime.execute.start(workers, compute_s, work, threads)
         log.info(

@@ -79,10 +79,18 @@ class Admit:
     """Refuse at once a request that cannot finish before its deadline (HTTP 429, gRPC
     DEADLINE_EXCEEDED), on the estimate of its queue and compute time."""
 
-    __slots__ = ("batcher", "estimator", "instances", "label", "stage")
+    __slots__ = ("batcher", "estimator", "instances", "label", "reprobe", "stage")
 
-    def __init__(self, label: str, estimator: LatencyEstimator, batcher: Batcher, instances: int) -> None:
+    def __init__(
+        self,
+        label: str,
+        estimator: LatencyEstimator,
+        batcher: Batcher,
+        instances: int,
+        reprobe: Callable[[], None] | None = None,
+    ) -> None:
         self.label, self.estimator, self.batcher, self.instances = label, estimator, batcher, instances
+        self.reprobe = reprobe  # re-measures the model in the background (warmup input)
         self.stage = "parse"
 
     async def run(self, call: Call) -> None:
@@ -104,8 +112,11 @@ class Admit:
             return  # nothing known yet: admit
         queue, compute = need
         left = deadline - now
-        if queue + compute <= left or est.probe(b.pending() == 0, now):
+        idle = b.pending() == 0
+        if queue + compute <= left or est.probe(idle, now):
             return
+        if self.reprobe is not None and est.reprobe_due(idle, now):
+            self.reprobe()
         raise DeadlineUnmeetableError(
             f"request to model {self.label!r} would miss its deadline: it needs about "
             f"{(queue + compute) * 1e3:.2f} ms (queue ~{queue * 1e3:.2f} ms + compute "

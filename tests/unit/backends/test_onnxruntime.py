@@ -1,4 +1,5 @@
-"""ONNX Runtime backend options: threads, optimisation level, providers that degrade clearly."""
+"""ONNX Runtime backend options: threads, optimisation level, providers that degrade clearly,
+and GPU instances that fail clearly without CUDA."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from milliserve.backends.onnxruntime import OnnxRuntimeBackend, parse_ort_options
+from milliserve.backends.onnxruntime import FACTORY, OnnxRuntimeBackend, parse_ort_options
+from milliserve.backends.registry import Instance
 from milliserve.config.model_config import ModelConfig
-from milliserve.errors import ConfigError, InvalidInputError
+from milliserve.errors import BackendError, ConfigError, InvalidInputError
 
 
 def cfg(**params: str) -> ModelConfig:
@@ -51,25 +53,45 @@ def test_bad_parameters_are_named(params: dict[str, str], match: str) -> None:
         parse_ort_options(cfg(**params))
 
 
-def test_missing_gpu_provider_degrades_to_cpu_with_a_clear_warning(
-    tmp_path: Path, write_add_sub: Callable[..., Path], caplog: pytest.LogCaptureFixture
+ACCELERATORS = {
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACCELERATORS))
+def test_a_requested_provider_is_used_when_built_in_and_skipped_with_a_warning_when_not(
+    name: str, tmp_path: Path, write_add_sub: Callable[..., Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     write_add_sub(tmp_path)
-    providers = {
-        "cuda": "CUDAExecutionProvider",
-        "tensorrt": "TensorrtExecutionProvider",
-        "openvino": "OpenVINOExecutionProvider",
-    }
-    wanted = [k for k, v in providers.items() if v not in ort.get_available_providers()]
-    assert wanted, "every accelerator provider is installed here: nothing to degrade from"
-    options = parse_ort_options(cfg(execution_providers=",".join(wanted)))
+    present = ACCELERATORS[name] in ort.get_available_providers()  # this build's, read not assumed
+    options = parse_ort_options(cfg(execution_providers=name))
+    assert options.providers == (ACCELERATORS[name], "CPUExecutionProvider")
     with caplog.at_level(logging.WARNING):
         backend = OnnxRuntimeBackend(tmp_path / "add_sub" / "1" / "model.onnx", options)
-    assert backend.info().notes and "lacks it" in backend.info().notes[0]
-    assert any("was requested but this onnxruntime build lacks it" in r.message for r in caplog.records)
+    lacking = [r.message for r in caplog.records if "this onnxruntime build lacks it" in r.message]
+    if present:  # nothing to degrade from
+        assert backend.info().notes == () and lacking == []
+    else:  # runs on the CPU, and says why in the log and the model's notes
+        (note,) = backend.info().notes
+        assert f"execution provider {ACCELERATORS[name]} was requested" in note and "lacks it" in note
+        assert len(lacking) == 1 and ACCELERATORS[name] in lacking[0]
     x = np.ones((1, 2), np.float32)
     out = backend.run({"INPUT0": x, "INPUT1": x}, ["OUTPUT0"])
     np.testing.assert_allclose(out["OUTPUT0"], 2 * x)
+
+
+def test_a_gpu_instance_without_cuda_fails_to_load_naming_it(
+    tmp_path: Path, write_add_sub: Callable[..., Path]
+) -> None:
+    write_add_sub(tmp_path)
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime build has CUDA: a KIND_GPU instance loads (test_registry runs one)")
+    assert not FACTORY.gpu_available()
+    gpu = Instance("m_0_0", "KIND_GPU", 0)
+    with pytest.raises(BackendError, match=r"instance 'm_0_0' is KIND_GPU but .* no CUDAExecutionProvider"):
+        OnnxRuntimeBackend(tmp_path / "add_sub" / "1" / "model.onnx", parse_ort_options(cfg()), gpu)
 
 
 def test_data_the_model_rejects_is_a_client_error(example_repo: Path) -> None:

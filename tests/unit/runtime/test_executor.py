@@ -27,17 +27,18 @@ def test_worker_returns_results_and_raises_errors(run: Any) -> None:
     run(main())
 
 
-def test_cancelled_caller_still_waits_for_the_thread(run: Any) -> None:
-    finished = threading.Event()
+def test_cancelled_caller_still_waits_for_the_thread(run: Any, poll: Any) -> None:
+    started, finished = threading.Event(), threading.Event()
 
     def slow() -> None:
-        time.sleep(0.1)
+        started.set()
+        time.sleep(0.1)  # the call the caller gives up on
         finished.set()
 
     async def main() -> None:
         w = Executor(cpu_affinity=False).worker("t")
         task = asyncio.create_task(w.run(slow))
-        await asyncio.sleep(0.01)
+        await poll.until_async(started.is_set, what="the worker thread starting the call")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -47,8 +48,13 @@ def test_cancelled_caller_still_waits_for_the_thread(run: Any) -> None:
     run(main())
 
 
+@pytest.mark.parametrize("one_cpu", [False, True], ids=["every CPU", "one CPU"])
 def test_microsecond_models_share_the_loop_cpu_and_slow_ones_do_not(
-    tmp_path: Path, write_add_sub: Callable[..., Path], write_slow: Callable[..., Path], run: Any
+    tmp_path: Path,
+    write_add_sub: Callable[..., Path],
+    write_slow: Callable[..., Path],
+    run: Any,
+    one_cpu: bool,
 ) -> None:
     write_add_sub(
         tmp_path,
@@ -56,14 +62,25 @@ def test_microsecond_models_share_the_loop_cpu_and_slow_ones_do_not(
     )
     write_slow(tmp_path)
     before = os.sched_getaffinity(0)
+    # the CPUs this server may use: this machine's, or just one of them (as on a 1-CPU machine)
+    cpus = {min(before)} if one_cpu else before
 
     async def main() -> None:
         async with InProcessServer(tmp_path, listen=False) as server:
             loop_cpu = server.executor.loop_cpu
-            assert loop_cpu is not None, "these machines have 2 CPUs; placement needs at least two"
-            assert os.sched_getaffinity(0) == {loop_cpu}
-            assert server.registry.get("add_sub").colocated
-            assert not server.registry.get("slow").colocated
-        assert os.sched_getaffinity(0) == before  # the caller's thread gets its CPUs back
+            add_sub, slow = server.registry.get("add_sub"), server.registry.get("slow")
+            if len(cpus) == 1:  # no choice of CPUs: nothing is placed or pinned
+                assert loop_cpu is None
+                assert os.sched_getaffinity(0) == cpus
+                assert not add_sub.colocated and not slow.colocated
+            else:  # the loop keeps to one CPU and the microsecond model's worker shares it
+                assert loop_cpu in cpus
+                assert os.sched_getaffinity(0) == {loop_cpu}
+                assert add_sub.colocated and not slow.colocated
+        assert os.sched_getaffinity(0) == cpus  # the caller's thread gets its CPUs back
 
-    run(main())
+    os.sched_setaffinity(0, cpus)
+    try:
+        run(main())
+    finally:
+        os.sched_setaffinity(0, before)

@@ -225,7 +225,7 @@ def test_model_that_fails_to_load_is_reported_and_the_others_serve(repo: Path, r
 
 
 def test_reloading_a_new_version_under_traffic_fails_no_request(
-    tmp_path: Path, write_add_sub: Callable[..., Path], run: Any
+    tmp_path: Path, write_add_sub: Callable[..., Path], run: Any, poll: Any
 ) -> None:
     write_add_sub(tmp_path, config=BATCHING)
 
@@ -249,11 +249,12 @@ def test_reloading_a_new_version_under_traffic_fails_no_request(
                     )
 
             tasks = [asyncio.create_task(traffic()) for _ in range(4)]
-            await asyncio.sleep(0.1)
+            await poll.until_async(lambda: len(results) >= 8, what="traffic answered by version 1")
             write_add_sub(tmp_path, version=2, scale=10.0)
             r = await c.post("/v2/repository/models/add_sub/load")
             assert r.status_code == 200, r.text
-            await asyncio.sleep(0.1)
+            swapped = len(results)
+            await poll.until_async(lambda: len(results) >= swapped + 8, what="traffic after the reload")
             stop.set()
             await asyncio.gather(*tasks)
             assert {s for s, _ in results} == {200}
