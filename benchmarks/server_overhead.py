@@ -3,7 +3,8 @@ stack candidates, on the example fraud_mlp. Writes docs/benchmarks.md.
 
     python benchmarks/server_overhead.py [--rounds 3] [--seconds 4]
 
-Every server runs at once; wrk (Debian package ``wrk``) drives them in turn,
+Needs ``wrk`` (Debian package) and ``granian`` (pip) besides the test extra.
+Every server runs at once; wrk drives them in turn,
 interleaved round by round (A B C ... A B C ...), and the table gives the median
 of the rounds. wrk shares the 2 cores with the server under test, as the servers
 share them with each other's idle loops.
@@ -332,7 +333,7 @@ def main() -> None:
         "running, the loop yields once so that requests already read join the batch.",
         "- `worker thread`: the same model with `inline_execution: false`, every batch handed to "
         "the instance's worker thread (the default for every model before issue 10; still the "
-        "default for models slower than 25 µs per batch).",
+        "default for models slower than half a thread hand-off per batch).",
         "- `cpu_affinity off`: without the default placement of the event loop (and of "
         "microsecond models' workers) on one CPU.",
         "- The stack probes serve the same route with the model called inline and nothing else, "

@@ -136,6 +136,8 @@ class Batcher:
         # For models run on the event loop thread: before running an idle instance's batch,
         # yield the loop once so requests the server has already read join it (see execute).
         self.gather_ready = False
+        self._gathering = 0  # requests yielding for companions right now (they count as pending)
+        self._gather_count = 0
         self.busy_s = 0.0  # instance-seconds spent running batches (budget-driven batching reads it)
         # asyncio objects are made in start(), inside the running loop
         self._wakeup: asyncio.Event
@@ -169,20 +171,29 @@ class Batcher:
         if not self._size and self._free and self._wait_until([item], item.enqueued) is None:
             index = self._free.pop()
             batch = [item]
-            if self.gather_ready and self.policy.merge:
+            if self.gather_ready and self.policy.merge and self._gather_now():
                 # One turn of the loop lets every request already received run up to this
-                # batcher and queue here (the instance is taken): they ride in this batch. A
-                # lone request pays one loop iteration, not a wait.
+                # batcher and queue here (the instance is taken): they ride in this batch.
+                self._gathering += 1
                 try:
                     await asyncio.sleep(0)
                 except asyncio.CancelledError:
                     self._free.append(index)
                     raise
+                finally:
+                    self._gathering -= 1
                 batch = self._join(item)
             await self._run(index, self._take(batch, time.perf_counter()))
             return item.future.result()
         self._enqueue(item, timeout_s)
         return await item.future
+
+    def _gather_now(self) -> bool:
+        """Whether to yield for companions: when recent arrivals overlapped (concurrent
+        clients), and on every 16th request otherwise, to notice concurrency starting. A
+        sequential client thus rarely pays the loop iteration."""
+        self._gather_count += 1
+        return self._overlap >= _MIN_OVERLAP or self._gather_count % 16 == 0
 
     def _join(self, first: QueuedRequest) -> list[QueuedRequest]:
         """``first`` and the queued requests that may share its batch."""
@@ -216,7 +227,7 @@ class Batcher:
             gap = now - self._last_arrival
             self._gap = gap if self._gap is None else self._gap + _GAP_ALPHA * (gap - self._gap)
         self._last_arrival = now
-        concurrent = 1.0 if self._size or self._inflight_items else 0.0
+        concurrent = 1.0 if self._size or self._inflight_items or self._gathering else 0.0
         self._overlap += _GAP_ALPHA * (concurrent - self._overlap)
 
     def _enqueue(self, item: QueuedRequest, timeout_s: float | None) -> None:

@@ -4,11 +4,12 @@ model's instances, split the outputs back to their requests.
 Where a batch runs is chosen per batch:
 
 - **inline**, on the event loop thread, when the model is a microsecond one: its
-  compute, estimated from the load-time probe and every inline run since, is well
-  under the ~50 µs a hand-off to a worker thread costs (two cross-thread wake-ups on
-  these VMs). Inline is chosen only for single-threaded backends, and only while
-  the estimate stays under ``INLINE_BELOW_S``; a larger batch or a slower model goes
-  to the worker;
+  compute, estimated from the load-time probe and every inline run since, is under
+  ``inline_below_s`` (100 µs, the bound under which a single-threaded model's worker
+  is placed on the event loop's CPU anyway). Such a worker shares the loop's CPU, so
+  handing it the batch buys no parallelism and costs two thread wake-ups (~45-70 µs
+  here, more than the model's run); inline, the loop blocks for no longer than the
+  worker would have held its CPU. A larger batch or a slower model goes to the worker;
 - otherwise on the instance's **worker thread** (``runtime/executor.py``).
 
 Config ``parameters { inline_execution }``: ``auto`` (default), ``true`` (always) or
@@ -36,13 +37,11 @@ from milliserve.runtime.executor import InstanceWorker
 from milliserve.runtime.stats import ModelStats
 from milliserve.runtime.validation import ModelIO
 
-__all__ = ["INLINE_BELOW_S", "BatchExecute"]
+__all__ = ["BatchExecute"]
 
 log = logging.getLogger(__name__)
 Arrays = dict[str, np.ndarray[Any, Any]]
 
-# A batch whose estimated compute is under this runs on the event loop thread.
-INLINE_BELOW_S = 25e-6
 _INLINE_MODES = ("auto", "true", "false")
 
 
@@ -57,6 +56,7 @@ class BatchExecute:
         estimator: LatencyEstimator,
         inline: str = "auto",
         target_p99_s: float | None = None,
+        inline_below_s: float = 100e-6,
     ) -> None:
         if inline not in _INLINE_MODES:
             raise ValueError(f"parameter 'inline_execution' must be one of {_INLINE_MODES}, got {inline!r}")
@@ -70,6 +70,8 @@ class BatchExecute:
         self.batcher = Batcher(policy, self._run_batch, len(self._backends))
         self.workers: list[InstanceWorker] = []
         self._inline_mode = inline
+        # a batch whose estimated compute is under this runs on the event loop thread
+        self.inline_below_s = inline_below_s
         # seconds per input element of an inline-eligible model (None: not eligible)
         self._inline_per_work: float | None = None
         self.inline_runs = 0
@@ -96,7 +98,7 @@ class BatchExecute:
         self.workers = workers
         if (
             compute_s is not None
-            and compute_s < INLINE_BELOW_S
+            and compute_s < self.inline_below_s
             and threads == 1
             and self._inline_mode == "auto"
         ):
@@ -209,7 +211,9 @@ class BatchExecute:
                 return
         work = sum(a.size for it in batch for a in it.inputs.values())
         per_work = self._inline_per_work
-        inline = self._inline_mode == "true" or (per_work is not None and per_work * work < INLINE_BELOW_S)
+        inline = self._inline_mode == "true" or (
+            per_work is not None and per_work * work < self.inline_below_s
+        )
         try:
             if inline:
                 per_item, in_ns, infer_ns, out_ns = self._execute(self._backends[index], batch)

@@ -143,6 +143,7 @@ class ModelRuntime(RoadServable):
                 self.estimator,
                 _inline_mode(config),
                 db.target_p99_ms / 1000 if db is not None and db.target_p99_ms else None,
+                inline_below_s=COLOCATE_BELOW_S,
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None

@@ -298,3 +298,30 @@ def test_cancelled_request_is_skipped(run: Any, poll: Any) -> None:
         return rec.batches
 
     assert run(main()) == [[0], [2]]
+
+
+def test_inline_batches_gather_the_requests_already_read(run: Any) -> None:
+    """A model run on the event loop (a runner that never awaits) blocks the loop while it
+    runs, so nothing can queue behind it unless the idle instance first yields the loop once.
+    With concurrent clients the batcher does, and the requests already read share the batch;
+    a sequential client (no overlap) is not made to yield."""
+
+    async def main() -> tuple[list[list[int]], list[list[int]]]:
+        runner = Recorder()  # work_s 0: never awaits, like an inline model
+        b = await started(policy(), runner)
+        b.gather_ready = True
+        for k in range(30):  # sequential: one request at a time
+            await b.execute(item(k), None)
+        sequential = list(runner.batches)
+        runner.batches.clear()
+        for wave in range(30):  # 8 clients whose requests arrive together
+            await asyncio.gather(*(b.execute(item(100 * wave + i), None) for i in range(8)))
+        await b.close()
+        return sequential, runner.batches
+
+    sequential, concurrent = run(main())
+    assert all(len(batch) == 1 for batch in sequential)
+    assert max(len(batch) for batch in concurrent[-40:]) >= 4  # once concurrency is noticed
+    assert sorted(x for batch in concurrent for x in batch) == sorted(
+        100 * w + i for w in range(30) for i in range(8)
+    )
