@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import multiprocessing as mp
 import threading
 import time
@@ -83,10 +84,16 @@ class _HttpConn:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        # when the server will close the idle connection (its Keep-Alive: timeout=N, less a
+        # second): reusing it later would race the server's close and fail the request
+        self.expires = math.inf
 
     async def request(self, parts: tuple[bytes, ...]) -> tuple[int, bytes]:
+        if self.writer is not None and time.monotonic() >= self.expires:
+            self.close()
         if self.writer is None or self.reader is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            self.expires = math.inf
         for part in parts:  # each write goes out at once (TCP_NODELAY): one send per part
             self.writer.write(part)
         head = await self.reader.readuntil(b"\r\n\r\n")
@@ -99,6 +106,10 @@ class _HttpConn:
         body = await self.reader.readexactly(length) if length else b""
         if b"connection: close" in lower:
             self.close()
+        elif (k := lower.find(b"\r\nkeep-alive: timeout=")) >= 0:
+            end = lower.index(b"\r\n", k + 2)
+            with contextlib.suppress(ValueError):
+                self.expires = time.monotonic() + float(lower[k + 22 : end].split(b",")[0]) - 1.0
         return status, body
 
     def close(self) -> None:

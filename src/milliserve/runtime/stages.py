@@ -31,17 +31,17 @@ def request_work(call: Call) -> int:
 class StepStage:
     """A step that turns some of a request's inputs into others, before validation."""
 
-    __slots__ = ("stage", "step")
+    __slots__ = ("consumed", "stage", "step")
 
     def __init__(self, step: Step) -> None:
         self.step = step
         self.stage = step.stage
+        self.consumed = frozenset(step.needs) - frozenset(step.makes)  # the text, the entity ids
 
     async def run(self, call: Call) -> None:
         tensors = {t.name: t for t in call.request.inputs}
         await self.step.run(tensors, call)
-        consumed = set(self.step.needs) - set(self.step.makes)
-        call.request.inputs = [t for n, t in tensors.items() if n not in consumed]
+        call.request.inputs = [t for n, t in tensors.items() if n not in self.consumed]
 
 
 class Validate:

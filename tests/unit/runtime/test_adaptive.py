@@ -11,9 +11,9 @@ from milliserve.runtime.adaptive import AdaptiveBatching
 from milliserve.runtime.batcher import BatchPolicy
 
 
-def _controller(**kw: Any) -> tuple[AdaptiveBatching, Any]:
+def _controller(delay_s: float = 0.001, **kw: Any) -> tuple[AdaptiveBatching, Any]:
     base = BatchPolicy(
-        "m", merge=True, max_batch_size=32, preferred_batch_sizes=(8, 32), max_queue_delay_s=0.001
+        "m", merge=True, max_batch_size=32, preferred_batch_sizes=(8, 32), max_queue_delay_s=delay_s
     )
     batcher = SimpleNamespace(policy=base, busy_s=0.0)
     return AdaptiveBatching(batcher, base, target_s=0.020, interval_s=0.0, **kw), batcher  # type: ignore[arg-type]
@@ -22,8 +22,8 @@ def _controller(**kw: Any) -> tuple[AdaptiveBatching, Any]:
 def test_slow_batches_shrink_the_cap_then_it_recovers_under_the_target() -> None:
     ctl, batcher = _controller()
     for _ in range(20):
-        ctl.observe(0.0, 0.030)  # compute alone 30 ms > 20 ms target: batches too big
-    assert batcher.policy.max_batch_size == 22 and batcher.policy.max_queue_delay_s == 0.0005
+        ctl.observe(0.0, 0.030)  # compute alone 30 ms > 20 ms target: batches too big for an idle instance
+    assert batcher.policy.max_batch_size == 22 and batcher.policy.max_queue_delay_s == 0.001  # its floor
     assert batcher.policy.preferred_batch_sizes == (8,)  # 32 no longer fits under the cap
     for _ in range(20):
         ctl.observe(0.0, 0.030)
@@ -37,10 +37,15 @@ def test_slow_batches_shrink_the_cap_then_it_recovers_under_the_target() -> None
 
 
 def test_with_idle_instances_a_delay_only_adds_latency() -> None:
-    ctl, batcher = _controller()
+    ctl, batcher = _controller(delay_s=0.0)
+    assert batcher.policy.max_queue_delay_s == 0.0001  # a 100 µs window to start with
     for _ in range(200):
+        batcher.busy_s += 1.0
+        ctl.observe(0.001, 0.004)  # saturated and well under the target: a longer wait pays
+    assert batcher.policy.max_queue_delay_s > 0.001
+    for _ in range(400):
         ctl.observe(0.001, 0.004)  # well under the target, and the instance mostly idle
-    assert batcher.policy.max_queue_delay_s == 0.0  # work-conserving: no waiting at all
+    assert batcher.policy.max_queue_delay_s == 0.0001  # back to the short window, no longer
     assert batcher.policy.max_batch_size == 32
 
 
@@ -70,3 +75,11 @@ def test_queueing_over_the_target_grows_the_cap_for_throughput() -> None:
     for _ in range(40):
         ctl.observe(0.040, 0.005)
     assert batcher.policy.max_batch_size == 32  # doubling, up to max_batch_size
+
+
+def test_a_saturated_instance_keeps_its_cap_when_the_target_is_out_of_reach() -> None:
+    ctl, batcher = _controller()
+    for _ in range(100):
+        batcher.busy_s += 1.0  # always running: a smaller cap would only cut throughput
+        ctl.observe(0.005, 0.030)  # over the target, compute-bound, short queue
+    assert batcher.policy.max_batch_size == 32
