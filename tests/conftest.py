@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import orjson
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from milliserve.examples.build import build_examples
 from milliserve.testing import wait_until, wait_until_async
@@ -101,6 +101,66 @@ def write_slow() -> ModelWriter:
         return _save(repo / name, 1, graph, config, "config.pbtxt")
 
     return write
+
+
+class OpenVinoMlp:
+    """``ov_mlp``: an MLP (x [batch, 16] -> 32, LayerNorm, ReLU -> 4) built as ONNX here and
+    converted to OpenVINO IR (``model.xml`` + ``model.bin``, FP32 weights kept). Outputs ``probs``
+    (FP32 softmax, [batch, 4]) and ``label`` (INT64 argmax, [batch, 1]). ``batch`` is the first
+    dimension as exported: 1 (static, as many exporters write it) or a name (dynamic)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.w1 = rng.normal(scale=0.5, size=(16, 32)).astype(np.float32)
+        self.b1 = rng.normal(scale=0.1, size=32).astype(np.float32)
+        self.gamma = rng.uniform(0.5, 1.5, size=32).astype(np.float32)
+        self.beta = rng.normal(scale=0.1, size=32).astype(np.float32)
+        self.w2 = rng.normal(size=(32, 4)).astype(np.float32)
+
+    def reference(self, x: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """``probs`` and ``label`` computed with numpy in float64."""
+        h = x.astype(np.float64) @ self.w1 + self.b1
+        n = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+        logits = np.maximum(n * self.gamma + self.beta, 0) @ self.w2
+        e = np.exp(logits - logits.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True), logits.argmax(-1)[:, None]
+
+    def write(
+        self, repo: Path, name: str = "ov_mlp", batch: int | str = 1, config: str | None = None
+    ) -> Path:
+        import openvino as ov
+
+        init = lambda n, a: numpy_helper.from_array(a, n)  # noqa: E731
+        nodes = [
+            helper.make_node("MatMul", ["x", "w1"], ["mm"]),
+            helper.make_node("Add", ["mm", "b1"], ["h"]),
+            helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["n"], axis=-1, epsilon=1e-5),
+            helper.make_node("Relu", ["n"], ["r"]),
+            helper.make_node("MatMul", ["r", "w2"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+            helper.make_node("ArgMax", ["logits"], ["label"], axis=-1, keepdims=1),
+        ]
+        graph = helper.make_graph(
+            nodes,
+            name,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
+            [
+                helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, 4]),
+                helper.make_tensor_value_info("label", TensorProto.INT64, [batch, 1]),
+            ],
+            [init(k, getattr(self, k)) for k in ("w1", "b1", "gamma", "beta", "w2")],
+        )
+        vdir = _save(repo / name, 1, graph, config, "config.pbtxt") / "1"
+        onnx_path = vdir / "model.onnx"
+        ov.save_model(ov.convert_model(str(onnx_path)), str(vdir / "model.xml"), compress_to_fp16=False)
+        onnx_path.unlink()  # the version folder holds the IR only
+        return repo / name
+
+
+@pytest.fixture(scope="session")
+def openvino_mlp() -> OpenVinoMlp:
+    """Writes ``ov_mlp`` (OpenVINO IR) and computes its reference outputs."""
+    return OpenVinoMlp()
 
 
 @pytest.fixture(scope="session")

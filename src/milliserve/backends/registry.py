@@ -66,6 +66,7 @@ class _Builtin:
 
 _BUILTIN: dict[str, _Builtin] = {
     "onnxruntime": _Builtin(("onnxruntime_onnx",), "model.onnx", "milliserve.backends.onnxruntime:FACTORY"),
+    "openvino": _Builtin(("openvino",), "model.xml", "milliserve.backends.openvino:FACTORY"),
 }
 _registered: dict[str, BackendFactory] = {}
 

@@ -191,6 +191,9 @@ class ModelRuntime(RoadServable):
                 backends.append(await executor.run_load(factory.create, model_path, options, inst))
             info = backends[0].info()
             final = complete_config(config, name, info, where)
+            # the config in effect names what serves it, as Triton fills in platform and backend
+            served = {"platform": final.platform or info.platform, "backend": final.backend or factory.name}
+            final = final.model_copy(update=served)
             c = caches or CacheFactory()
             try:
                 runtime = cls(
