@@ -242,6 +242,10 @@ def _optimize(args: argparse.Namespace) -> int:
         ),
         batches=tuple(args.batches),
         rounds=args.rounds,
+        budget_s=args.budget_s,
+        finalists=args.finalists,
+        final_rounds=args.final_rounds,
+        ship=args.ship,
     )
     print((args.output / "report.md").read_text())
     if report.winner is None:
@@ -249,6 +253,7 @@ def _optimize(args: argparse.Namespace) -> int:
             f"[red]no variant kept {args.metric} within {args.tolerance} of FP32; nothing shipped[/red]"
         )
         return 1
+    console.print(f"{report.why}")
     console.print(
         f"shipped {report.winner} to {args.output}; serve it with: milliserve serve {args.output.parent}"
     )
@@ -391,7 +396,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o.add_argument("--batches", default="1,8,32", type=_ints, help="batch sizes to time (default 1,8,32)")
     o.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
-    o.add_argument("--latency", default="p99_b1_us", help="what 'fastest' means (default p99_b1_us)")
+    o.add_argument(
+        "--latency",
+        default="p50_b1_us",
+        help="what 'fastest' means (default p50_b1_us; a p99 needs 1000 calls per variant, see --rounds)",
+    )
+    o.add_argument(
+        "--budget-s",
+        type=float,
+        default=300.0,
+        help="time bound of each accuracy-aware INT8 search (default 300)",
+    )
+    o.add_argument(
+        "--finalists", type=int, default=3, help="variants re-timed head to head with FP32 (default 3)"
+    )
+    o.add_argument(
+        "--final-rounds",
+        type=int,
+        default=15,
+        help="interleaved rounds of the head-to-head re-timing (default 15)",
+    )
+    o.add_argument(
+        "--ship", default=None, help="ship this variant instead (built, servable, within tolerance)"
+    )
     o.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads while measuring (default 1)")
     o.add_argument("--variant", action="append", help="build only these variants (repeatable)")
     o.add_argument("--output", type=Path, required=True, help="REPO/NAME to write the winner into")

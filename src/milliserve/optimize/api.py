@@ -1,73 +1,53 @@
 """``milliserve optimize`` as a library: build variants of an ONNX model, score and
 time each, ship the fastest that keeps its quality into a model repository, and
-write the report (report.md, report.json, pareto.png)."""
+write the report (report.md, report.json, pareto.png).
+
+Choosing is done in two passes. Every variant is timed round-robin; the fastest few
+within tolerance are then re-timed head to head with FP32 in more interleaved rounds,
+and a winner must beat FP32 by more than the spread of those rounds (``select``).
+"""
 
 from __future__ import annotations
 
-import json
-import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from milliserve.errors import ConfigError
-from milliserve.optimize.cpu import CpuInfo, cpu_info
+from milliserve.optimize.accuracy_search import damage_on
+from milliserve.optimize.cpu import cpu_info
+from milliserve.optimize.derived import Options, torch_compile_reference, torch_variants
 from milliserve.optimize.measure import (
     BATCHES,
     EvalSet,
     ModelRef,
     check_inputs,
     load_arrays,
-    measure,
+    measure_rounds,
     metric_function,
     predict,
     score,
 )
+from milliserve.optimize.openvino_variants import AccuracyControl
 from milliserve.optimize.progress import Progress, quiet
-from milliserve.optimize.select import Candidate, pareto_front, select, suggest_batching
-from milliserve.optimize.sources import (
-    ExportError,
-    Source,
-    TorchModel,
-    export_onnx,
-    load_module_factory,
-    load_source,
-    with_example,
+from milliserve.optimize.report import OptimizeReport, write_reports
+from milliserve.optimize.select import (
+    Candidate,
+    latency_parts,
+    pareto_front,
+    select,
+    speedup_interval,
+    suggest_batching,
 )
-from milliserve.optimize.torch_variants import (
-    CannotApply,
-    TrainConfig,
-    distill,
-    finish_pruning,
-    layer_stack,
-    magnitude_prune,
-    sparsity,
-    structured_prune,
-    student_from_layers,
-)
-from milliserve.optimize.variants import Variant, build_variants, wanted_by
-from milliserve.plotting import pyplot
+from milliserve.optimize.ship import ship as ship_variant
+from milliserve.optimize.sources import export_onnx, load_source, with_example
+from milliserve.optimize.static_int8 import SearchContext
+from milliserve.optimize.torch_variants import TrainConfig
+from milliserve.optimize.variant import Variant
+from milliserve.optimize.variants import build_variants
 
 __all__ = ["OptimizeReport", "optimize"]
-
-
-@dataclass
-class OptimizeReport:
-    source: str
-    metric: str
-    tolerance: float
-    latency_key: str
-    cpu: dict[str, Any]
-    threads: int
-    reference: float
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    winner: str | None = None
-    pareto: list[str] = field(default_factory=list)
-    output: str | None = None
-    batches: list[int] = field(default_factory=lambda: list(BATCHES))
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def _calibration(data: EvalSet, batch: int = 16, batches: int = 8) -> list[dict[str, Any]]:
@@ -77,132 +57,10 @@ def _calibration(data: EvalSet, batch: int = 16, batches: int = 8) -> list[dict[
     ]
 
 
-def _config_pbtxt(name: str, model: Path, batching: dict[str, Any]) -> str:
-    import onnxruntime as ort
-
-    from milliserve.backends.onnxruntime import tensor_spec
-    from milliserve.protocol.datatypes import oip_to_config_type
-
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    specs_in = [tensor_spec(i) for i in sess.get_inputs()]
-    specs_out = [tensor_spec(o) for o in sess.get_outputs()]
-    batched = all(s.dims and s.dims[0] == -1 for s in specs_in + specs_out)
-
-    def tensors(specs: list[Any]) -> str:
-        return ", ".join(
-            f'{{ name: "{s.name}" data_type: {oip_to_config_type(s.datatype)} '
-            f"dims: [ {', '.join(str(d) for d in (s.dims[1:] if batched else s.dims))} ] }}"
-            for s in specs
-        )
-
-    lines = [
-        f'name: "{name}"',
-        'platform: "onnxruntime_onnx"',
-        f"max_batch_size: {32 if batched else 0}",
-        f"input [ {tensors(specs_in)} ]",
-        f"output [ {tensors(specs_out)} ]",
-    ]
-    if batched and batching:
-        lines.append(
-            f"dynamic_batching {{ preferred_batch_size: {batching['preferred_batch_size']} "
-            f"max_queue_delay_microseconds: {batching['max_queue_delay_microseconds']} }}"
-        )
-    lines.append('parameters { key: "intra_op_thread_count" value: { string_value: "1" } }')
-    return "\n".join(lines) + "\n"
-
-
-def _torch_variants(
-    src: Source,
-    work: Path,
-    cpu: CpuInfo,
-    train: EvalSet | None,
-    opts: _Options,
-    progress: Progress,
-) -> list[Variant]:
-    """Pruning and distillation of a PyTorch source, each exported then quantized."""
-    names = ("pruned_magnitude", "pruned_structured", "student")
-    wanted = wanted_by(opts.only)
-    if src.torch is None:
-        return [Variant(n, None, skipped="needs a PyTorch source") for n in names if wanted(n)]
-    teacher = src.torch
-    out: list[Variant] = []
-
-    def ship(name: str, module: Any, note: str, quantize: tuple[str, ...]) -> None:
-        try:
-            path = export_onnx(
-                TorchModel(module, teacher.example, list(teacher.output_names)), work / f"{name}.onnx"
-            )
-        except ExportError as exc:
-            out.append(Variant(name, None, skipped=str(exc)))
-            return
-        out.append(Variant(name, path, note))
-        if quantize:
-            out.extend(
-                build_variants(
-                    path, work, cpu, None, opts.only, progress, prefix=f"{name}_", builders=quantize
-                )
-            )
-
-    tuned = (
-        " and fine-tuned (distilled from the original)"
-        if train is not None
-        else ", not fine-tuned (no --train)"
+def _subset(data: EvalSet, rows: int) -> EvalSet:
+    return EvalSet(
+        {k: v[:rows] for k, v in data.inputs.items()}, None if data.labels is None else data.labels[:rows]
     )
-    if wanted("pruned_magnitude"):
-        progress.stage("pruned_magnitude")
-        pruned = magnitude_prune(teacher.module, opts.prune_amount)
-        if train is not None:
-            distill(pruned, teacher.module, train, opts.train, progress, "fine-tuning pruned_magnitude")
-        finish_pruning(pruned)
-        ship(
-            "pruned_magnitude",
-            pruned,
-            f"{sparsity(pruned):.0%} of Linear/Conv weights zeroed (global L1){tuned}; "
-            "ONNX Runtime's dense kernels still multiply the zeros",
-            (),
-        )
-    if wanted("pruned_structured"):
-        progress.stage("pruned_structured")
-        try:
-            pruned, what = structured_prune(teacher.module, opts.prune_amount)
-        except CannotApply as exc:
-            out.append(Variant("pruned_structured", None, skipped=str(exc)))
-        else:
-            if train is not None:
-                distill(pruned, teacher.module, train, opts.train, progress, "fine-tuning pruned_structured")
-            ship("pruned_structured", pruned, f"{what}{tuned}", ("int8_dynamic",))
-    if wanted("student"):
-        progress.stage("student")
-        if train is None:
-            out.append(Variant("student", None, skipped="distillation needs training data (--train)"))
-            return out
-        try:
-            if opts.student:
-                module = load_module_factory(opts.student)
-                what = f"{opts.student}"
-            else:
-                stack = layer_stack(teacher.module)
-                depth = len(getattr(stack[0], stack[1].rsplit(".", 1)[-1])) if stack else 0
-                module, what = student_from_layers(teacher.module, opts.student_layers or max(1, depth // 3))
-        except (CannotApply, ConfigError) as exc:
-            out.append(Variant("student", None, skipped=str(exc)))
-            return out
-        cfg = opts.train
-        distill(module, teacher.module, train, cfg, progress, "distilling the student")
-        note = (
-            f"student: {what}, distilled (KL at T={cfg.temperature}, alpha={cfg.alpha}, {cfg.epochs} epochs)"
-        )
-        ship("student", module, note, ("bert_fused", "int8_dynamic"))
-    return out
-
-
-@dataclass
-class _Options:
-    only: list[str] | None
-    prune_amount: float
-    student: str | None
-    student_layers: int | None
-    train: TrainConfig
 
 
 def optimize(
@@ -212,7 +70,7 @@ def optimize(
     calibration_path: Path | None = None,
     tolerance: float = 0.01,
     metric: str = "accuracy",
-    latency_key: str = "p99_b1_us",
+    latency_key: str = "p50_b1_us",
     threads: int = 1,
     work_dir: Path | None = None,
     only: list[str] | None = None,
@@ -224,19 +82,34 @@ def optimize(
     train_config: TrainConfig | None = None,
     batches: tuple[int, ...] = BATCHES,
     rounds: int = 5,
+    budget_s: float = 300.0,
+    finalists: int = 3,
+    final_rounds: int = 15,
+    min_gain: float = 0.02,
+    ship: str | None = None,
 ) -> OptimizeReport:
     """Run the search and write ``output`` (``REPO/NAME``) with the winner, plus the report files.
 
     ``source`` is an .onnx file, a TorchScript file or ``package.module:factory``; ``metric``
-    is ``accuracy``, ``cosine`` or ``module:function``. Raises ConfigError for a missing
-    source, EVAL data that does not fit the model, or a metric the data cannot support;
-    ExportError when a PyTorch source cannot be exported. Variants that fail are reported
-    as skipped.
+    is ``accuracy``, ``cosine`` or ``module:function``. ``budget_s`` bounds each
+    accuracy-aware INT8 search; ``ship`` names a variant to ship instead of the chosen one
+    (it must be built, servable and within tolerance). Raises ConfigError for a missing
+    source, EVAL data that does not fit the model, a metric the data cannot support or a
+    ``ship`` that cannot be honoured; ExportError when a PyTorch source cannot be
+    exported. Variants that fail are reported as skipped.
     """
     if metric not in ("accuracy", "cosine") and ":" not in metric:
         raise ConfigError(f"metric {metric!r}: choose accuracy, cosine or module:function")
     if ":" in metric:
         metric_function(metric)
+    try:
+        _, key_batch = latency_parts(latency_key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if key_batch not in batches:
+        raise ConfigError(
+            f"latency key {latency_key!r} needs batch {key_batch} among the timed batches {list(batches)}"
+        )
     src = load_source(source)
     data = load_arrays(eval_path)
     if src.torch is not None:
@@ -267,59 +140,149 @@ def optimize(
             scores[path] = score(metric, predict(path, data, threads), data, reference_out)
         return scores[path]
 
-    opts = _Options(only, prune_amount, student, student_layers, train_config or TrainConfig())
-    variants = build_variants(
-        fp32, work, cpu, _calibration(calib_data) if calib_data else None, only, progress, scorer
+    quick = _subset(data, min(256, data.rows))
+    search = SearchContext(
+        scorer, damage_on(quick, reference_out[: quick.rows], threads), reference - tolerance, budget_s
     )
-    variants += _torch_variants(src, work, cpu, train, opts, progress)
+    control = AccuracyControl(data, metric, reference_out, reference, tolerance, budget_s)
+    opts = Options(only, prune_amount, student, student_layers, train_config or TrainConfig())
+    calib = _calibration(calib_data) if calib_data else None
+    variants = build_variants(fp32, work, cpu, calib, only, progress, scorer, search=search, control=control)
+    variants += torch_variants(src, work, cpu, train, opts, progress)
+    variants += torch_compile_reference(src, only)
+    for v in [v for v in variants if v.runtime == "torch_compile" and v.path is not None]:
+        try:  # compile errors surface on the first call
+            progress.stage("torch_compile: compiling and scoring")
+            scorer(v.ref)
+        except Exception as exc:
+            v.path, v.skipped = (
+                None,
+                f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            )
     built: list[Variant] = [v for v in variants if v.path is not None]
     progress.stage("scoring every variant on EVAL")
     quality = {v.name: scorer(v.ref) for v in built}
-    progress.stage("timing every variant (interleaved)")
-    timings = measure({v.name: v.ref for v in built}, data, threads, rounds=rounds, batches=batches)
-    # milliserve serves ONNX through ONNX Runtime: OpenVINO variants are measured, not shipped
-    candidates = [
-        Candidate(v.name, quality[v.name], timings[v.name], servable=v.runtime == "onnxruntime")
+    with progress.steps("timing every variant (interleaved rounds)", rounds) as advance:
+        timed = measure_rounds(
+            {v.name: v.ref for v in built}, data, threads, rounds=rounds, batches=batches, advance=advance
+        )
+    timings = {n: t.summary() for n, t in timed.items()}
+    candidates = {
+        v.name: Candidate(v.name, quality[v.name], timings[v.name], v.servable, dict(timed[v.name].rounds))
         for v in built
-    ]
-    winner = select(candidates, reference, tolerance, latency_key)
+    }
+    first = (
+        {n: speedup_interval(timed["fp32"].rounds[key_batch], t.rounds[key_batch]) for n, t in timed.items()}
+        if "fp32" in timed
+        else {}
+    )
+    final = _finalists(candidates, reference, tolerance, latency_key, finalists)
+    if final and "fp32" in candidates:
+        progress.stage(f"re-timing the finalists head to head: {', '.join(final)}")
+        with progress.steps("re-timing finalists", final_rounds) as advance:
+            again = measure_rounds(
+                {n: next(v.ref for v in built if v.name == n) for n in ["fp32", *final]},
+                data,
+                threads,
+                rounds=final_rounds,
+                seconds_per_round=0.2,
+                batches=(key_batch,),
+                advance=advance,
+            )
+        for n, t in again.items():
+            candidates[n].rounds = {key_batch: t.rounds[key_batch]}
+            candidates[n].timing = {**candidates[n].timing, **t.summary()}
+    pool = (
+        [candidates[n] for n in ["fp32", *final]]
+        if final and "fp32" in candidates
+        else list(candidates.values())
+    )
+    selection = select(pool, reference, tolerance, latency_key, min_gain)
+    chosen = selection.winner
+    why = selection.reason
+    if ship is not None:
+        forced = candidates.get(ship)
+        if forced is None or not forced.servable or forced.quality < reference - tolerance:
+            able = sorted(
+                n for n, c in candidates.items() if c.servable and c.quality >= reference - tolerance
+            )
+            raise ConfigError(
+                f"--ship {ship!r}: it must be a built, servable variant within tolerance; those are {able}"
+            )
+        chosen, why = (
+            forced,
+            f"{ship}: shipped as asked (--ship); the measured choice was {chosen.name if chosen else 'none'}",
+        )
     report = OptimizeReport(
         str(source),
         metric,
         tolerance,
-        latency_key,
+        selection.key,
         cpu.as_dict(),
         threads,
         reference,
-        pareto=pareto_front(candidates, latency_key),
+        pareto=pareto_front(list(candidates.values()), selection.key),
         batches=list(batches),
+        finalists=final if "fp32" in candidates else [],
+        final_rounds=final_rounds,
+        why=why,
     )
     base_b1 = timings.get("fp32", {}).get("p50_b1_us")
     for v in variants:
-        row: dict[str, Any] = {"name": v.name, "note": v.note, "skipped": v.skipped}
+        row: dict[str, Any] = {
+            "name": v.name,
+            "note": v.note,
+            "skipped": v.skipped,
+            "runtime": v.runtime,
+            "servable": v.servable,
+            "search": [s.__dict__ for s in v.search],
+        }
         if v.name.startswith("pruned_") and v.name in timings and base_b1:
             # does the sparsity buy anything on this runtime? say it next to the numbers
             row["note"] += f"; runs in {timings[v.name]['p50_b1_us'] / base_b1:.2f}× FP32's batch-1 p50"
         if v.path is not None:
+            c = candidates[v.name]
+            p, lo, hi = selection.intervals.get(v.name) or first.get(v.name) or (np.nan, np.nan, np.nan)
             row |= {
                 "quality": quality[v.name],
                 "delta": quality[v.name] - reference,
-                "size_bytes": _size(v.path),
-                **timings[v.name],
+                "size_bytes": _size(v.path) if v.runtime != "torch_compile" else 0,
+                **c.timing,
+                "speedup": p,
+                "speedup_low": lo,
+                "speedup_high": hi,
             }
         report.rows.append(row)
-    if winner is not None:
-        report.winner = winner.name
-        vdir = output / "1"
-        vdir.mkdir(parents=True, exist_ok=True)
-        model_path = vdir / "model.onnx"
-        shutil.copy(next(v.path for v in built if v.name == winner.name), model_path)  # type: ignore[arg-type]
-        (output / "config.pbtxt").write_text(
-            _config_pbtxt(output.name, model_path, suggest_batching(winner.timing))
-        )
+    if chosen is not None:
+        report.winner = chosen.name
+        winner = next(v for v in built if v.name == chosen.name)
+        ship_variant(winner, fp32, output, suggest_batching(chosen.timing))
         report.output = str(output)
-    _write_reports(report, output)
+    write_reports(report, output)
     return report
+
+
+def _finalists(
+    candidates: dict[str, Candidate], reference: float, tolerance: float, key: str, n: int
+) -> list[str]:
+    """The ``n`` fastest servable variants within tolerance on the first pass (not FP32),
+    plus the ORT-optimised FP32 graph, which ships when nothing beats FP32."""
+    ok = sorted(
+        (
+            c
+            for c in candidates.values()
+            if c.servable and c.name != "fp32" and c.quality >= reference - tolerance and key in c.timing
+        ),
+        key=lambda c: c.latency(key),
+    )
+    names = [c.name for c in ok[:n]]
+    if (
+        "ort_optimized" in candidates
+        and "ort_optimized" not in names
+        and candidates["ort_optimized"].quality >= reference - tolerance
+    ):
+        names.append("ort_optimized")
+    return names
 
 
 def _size(path: Path) -> int:
@@ -328,65 +291,3 @@ def _size(path: Path) -> int:
     return path.stat().st_size + (
         weights.stat().st_size if path.suffix == ".xml" and weights.is_file() else 0
     )
-
-
-def _write_reports(report: OptimizeReport, output: Path) -> None:
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "report.json").write_text(json.dumps(report.as_dict(), indent=2))
-    key = report.latency_key
-    big = max(report.batches)
-    lines = [
-        f"# Optimisation report: {report.source}",
-        "",
-        f"CPU: {report.cpu['model']} ({report.cpu['cores']} cores, flags {' '.join(report.cpu['flags'])}); "
-        f"{report.threads} ONNX Runtime thread(s); variants timed round-robin in one process.",
-        f"Metric: {report.metric} (FP32 {report.reference:.4f}), tolerance {report.tolerance}; "
-        f"chosen on {key}: **{report.winner or 'none within tolerance'}**.",
-        "",
-        "| variant | quality | Δ vs FP32 | p50 b1 µs | p99 b1 µs "
-        f"| p50 b{big} µs | b{big} items/s | size KiB | memory MiB | notes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in report.rows:
-        if r["skipped"]:
-            lines.append(f"| {r['name']} | - | - | - | - | - | - | - | - | skipped: {r['skipped']} |")
-            continue
-        mark = " (Pareto)" if r["name"] in report.pareto else ""
-        lines.append(
-            f"| {r['name']}{mark} | {r['quality']:.4f} | {r['delta']:+.4f} | {r.get('p50_b1_us', 0):.1f} | "
-            f"{r.get('p99_b1_us', 0):.1f} | {r.get(f'p50_b{big}_us', 0):.1f} | "
-            f"{r.get(f'throughput_b{big}', 0):,.0f} | {r['size_bytes'] / 1024:,.0f} | {r['rss_mb']:.1f} | "
-            f"{r['note']} |"
-        )
-    (output / "report.md").write_text("\n".join(lines) + "\n")
-    _plot(report, output / "pareto.png")
-
-
-def _plot(report: OptimizeReport, path: Path) -> None:
-    plt = pyplot("milliserve optimize's Pareto plot")
-
-    rows = [r for r in report.rows if not r["skipped"]]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for r in rows:
-        on_front = r["name"] in report.pareto
-        ax.scatter(
-            r[report.latency_key], r["quality"], s=60 if on_front else 30, c="C3" if on_front else "C0"
-        )
-        ax.annotate(
-            r["name"],
-            (r[report.latency_key], r["quality"]),
-            fontsize=8,
-            xytext=(4, 4),
-            textcoords="offset points",
-        )
-    front = sorted((r for r in rows if r["name"] in report.pareto), key=lambda r: r[report.latency_key])
-    ax.plot(
-        [r[report.latency_key] for r in front], [r["quality"] for r in front], "C3--", label="Pareto front"
-    )
-    ax.axhline(report.reference - report.tolerance, color="grey", lw=0.8, ls=":", label="FP32 - tolerance")
-    ax.set_xlabel(f"{report.latency_key} (µs)")
-    ax.set_ylabel(report.metric)
-    ax.set_title("Quality against latency")
-    ax.legend()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

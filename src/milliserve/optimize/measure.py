@@ -12,7 +12,17 @@ import numpy as np
 
 from milliserve.errors import ConfigError
 
-__all__ = ["EvalSet", "ModelRef", "Timing", "load_arrays", "measure", "metric_function", "predict", "score"]
+__all__ = [
+    "EvalSet",
+    "ModelRef",
+    "Timing",
+    "load_arrays",
+    "measure",
+    "measure_rounds",
+    "metric_function",
+    "predict",
+    "score",
+]
 
 Feeds = dict[str, np.ndarray[Any, Any]]
 BATCHES = (1, 8, 32)
@@ -51,8 +61,10 @@ class ModelRef:
     """A model file and the runtime that runs it (OpenVINO with its precision pinned)."""
 
     path: Path
-    runtime: str = "onnxruntime"  # or "openvino"
+    runtime: str = "onnxruntime"  # or "openvino", or "torch_compile" (a reference, not servable)
     precision: str = ""  # OpenVINO INFERENCE_PRECISION_HINT: f32 or bf16
+    # torch_compile: the TorchModel to compile (its example gives the input order)
+    module: Any = field(default=None, compare=False, hash=False)
 
 
 class _OpenVinoRunner:
@@ -76,10 +88,34 @@ class _OpenVinoRunner:
         return [np.asarray(result[o]) for o in self.compiled.outputs]
 
 
+class _TorchCompiledRunner:
+    """``torch.compile`` (inductor) of the PyTorch source, run with the same thread count."""
+
+    def __init__(self, ref: ModelRef, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self._names = list(ref.module.example)
+        self._fn = torch.compile(ref.module.module, backend="inductor")
+
+    def run(self, _: Any, feeds: Feeds) -> list[np.ndarray[Any, Any]]:
+        import torch
+
+        with torch.inference_mode():
+            out = self._fn(*(torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in self._names))  # type: ignore[no-untyped-call]
+        if isinstance(out, torch.Tensor):
+            out = (out,)
+        elif isinstance(out, dict):
+            out = tuple(out.values())
+        return [o.detach().numpy() for o in out]
+
+
 def _runner(model: Path | ModelRef, threads: int) -> Any:
     ref = model if isinstance(model, ModelRef) else ModelRef(model)
     if ref.runtime == "openvino":
         return _OpenVinoRunner(ref, threads)
+    if ref.runtime == "torch_compile":
+        return _TorchCompiledRunner(ref, threads)
     return _session(ref.path, threads)
 
 
@@ -150,19 +186,22 @@ def score(
 @dataclass
 class Timing:
     batches: tuple[int, ...] = BATCHES
-    samples: dict[int, list[float]] = field(default_factory=dict)
+    # batch -> one list of call durations (seconds) per interleaved round
+    rounds: dict[int, list[list[float]]] = field(default_factory=dict)
     rss_mb: float = 0.0
 
     def __post_init__(self) -> None:
-        self.samples = {b: [] for b in self.batches}
+        self.rounds = {b: [] for b in self.batches}
 
     def summary(self) -> dict[str, float]:
         out: dict[str, float] = {"rss_mb": round(self.rss_mb, 1)}
-        for b, s in self.samples.items():
+        for b, rounds in self.rounds.items():
+            s = [x for r in rounds for x in r]
             if s:
                 out[f"p50_b{b}_us"] = float(np.percentile(s, 50) * 1e6)
                 out[f"p99_b{b}_us"] = float(np.percentile(s, 99) * 1e6)
                 out[f"throughput_b{b}"] = float(b / np.median(s))
+                out[f"calls_b{b}"] = float(len(s))
         return out
 
 
@@ -183,8 +222,24 @@ def measure(
     batches: tuple[int, ...] = BATCHES,
     min_calls: int = 3,
 ) -> dict[str, dict[str, float]]:
-    """Latency per variant and batch size, interleaved round-robin with the thread count
-    pinned; each (round, variant, batch) gets its time share and at least ``min_calls``."""
+    """Latency summary per variant and batch size; see ``measure_rounds``."""
+    timed = measure_rounds(paths, data, threads, rounds, seconds_per_round, batches, min_calls)
+    return {name: t.summary() for name, t in timed.items()}
+
+
+def measure_rounds(
+    paths: dict[str, Path | ModelRef],
+    data: EvalSet,
+    threads: int = 1,
+    rounds: int = 5,
+    seconds_per_round: float = 0.2,
+    batches: tuple[int, ...] = BATCHES,
+    min_calls: int = 3,
+    advance: Any = None,
+) -> dict[str, Timing]:
+    """Latency per variant and batch size, interleaved round-robin (A B C A B C ...) with
+    the thread count pinned; each (round, variant, batch) gets its time share and at least
+    ``min_calls``. The samples stay grouped by round, for paired bootstrap intervals."""
     sessions, timings = {}, {}
     for name, path in paths.items():
         before = _rss_mb()
@@ -197,14 +252,16 @@ def measure(
         b: {k: np.resize(v, (b, *v.shape[1:])) for k, v in data.inputs.items()} for b in batches
     }
     for _ in range(rounds):
-        for name, sess in sessions.items():  # A B C A B C ...
+        for name, sess in sessions.items():
             for b, feeds in feeds_by_batch.items():
                 deadline = time.perf_counter() + seconds_per_round / len(batches)
                 sess.run(None, feeds)  # the first call after switching models is not timed
-                calls = 0
-                while calls < min_calls or time.perf_counter() < deadline:
-                    calls += 1
+                calls: list[float] = []
+                while len(calls) < min_calls or time.perf_counter() < deadline:
                     t0 = time.perf_counter()
                     sess.run(None, feeds)
-                    timings[name].samples[b].append(time.perf_counter() - t0)
-    return {name: t.summary() for name, t in timings.items()}
+                    calls.append(time.perf_counter() - t0)
+                timings[name].rounds[b].append(calls)
+        if advance is not None:
+            advance(1)
+    return timings

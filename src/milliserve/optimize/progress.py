@@ -3,11 +3,13 @@ the CLI passes a rich-backed one, a notebook or a test passes nothing (or its ow
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from typing import Any, Protocol
 
-__all__ = ["Progress", "RichProgress", "quiet"]
+__all__ = ["Progress", "RichProgress", "hushed", "quiet"]
 
 
 class Progress(Protocol):
@@ -63,3 +65,19 @@ class RichProgress:
                 bar.advance(task, n)
 
             yield advance
+
+
+@contextmanager
+def hushed() -> Iterator[None]:
+    """onnxruntime.quantization and NNCF warn through the root logger (one line per LayerNorm
+    weight) and print their calibration steps; keep them out of the user's progress display."""
+    loggers = [logging.getLogger(), logging.getLogger("nncf")]  # NNCF logs through its own handler
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with open(os.devnull, "w") as sink, redirect_stdout(sink):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)

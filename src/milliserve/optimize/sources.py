@@ -159,6 +159,24 @@ def torch_outputs(model: TorchModel, feeds: dict[str, np.ndarray[Any, Any]] | No
     return [o.detach().numpy() for o in out]
 
 
+def _eager_attention(module: Any) -> list[tuple[Any, str]]:
+    """Switch transformers models inside ``module`` to eager attention for the export, and
+    return what to restore. SDPA exports as a pattern ONNX Runtime's BERT fusion does not
+    recognise; eager attention fuses into one Attention op per layer."""
+    switched = []
+    for sub in module.modules() if hasattr(module, "modules") else ():
+        config = getattr(sub, "config", None)
+        current = getattr(config, "_attn_implementation", None)
+        if current in (None, "eager") or not hasattr(sub, "set_attn_implementation"):
+            continue
+        try:
+            sub.set_attn_implementation("eager")
+        except (ValueError, ImportError, AttributeError):
+            continue
+        switched.append((sub, current))
+    return switched
+
+
 def export_onnx(model: TorchModel, out: Path, rtol: float = 1e-3, atol: float = 1e-4) -> Path:
     """Export to ONNX (opset 17, dynamic batch and sequence axes), then check that ONNX
     Runtime gives PyTorch's outputs on the example. Raises ExportError naming the cause."""
@@ -178,6 +196,9 @@ def export_onnx(model: TorchModel, out: Path, rtol: float = 1e-3, atol: float = 
     for name in outputs:
         axes[name] = {0: "batch"}
     out.parent.mkdir(parents=True, exist_ok=True)
+    switched = _eager_attention(model.module)
+    if switched:
+        log.info("exporting with eager attention (was %s) so that ONNX Runtime can fuse it", switched[0][1])
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript-based exporter warns it is legacy
@@ -198,6 +219,9 @@ def export_onnx(model: TorchModel, out: Path, rtol: float = 1e-3, atol: float = 
             "unsupported operator" if "Unsupported" in str(exc) or "not supported" in str(exc) else "failed"
         )
         raise ExportError(f"ONNX export {kind}: {text}") from exc
+    finally:
+        for sub, previous in switched:
+            sub.set_attn_implementation(previous)
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     got = sess.run(None, {k: v.numpy() for k, v in model.example.items()})
     for name, ref, arr in zip(outputs, reference, got, strict=True):

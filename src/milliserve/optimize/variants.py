@@ -1,7 +1,7 @@
 """Build the variants of an ONNX model: FP32, ONNX Runtime graph-optimised, the
-transformer fusions for BERT-like models, FP16, dynamic INT8, static INT8 (QDQ, a
-search over calibration methods, operator subsets and excluded sensitive nodes) and
-OpenVINO / NNCF when they are installed.
+transformer fusions for BERT-like models, FP16, dynamic INT8 (and its accuracy-aware
+search), INT4 weight-only, static INT8 (``static_int8``) and OpenVINO / NNCF
+(``openvino_variants``) when they are installed.
 
 Every builder either returns a model file or a reason it was skipped; one
 failing never stops the others.
@@ -9,50 +9,24 @@ failing never stops the others.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, redirect_stdout
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from milliserve.optimize.accuracy_search import restore_search
 from milliserve.optimize.cpu import CpuInfo
-from milliserve.optimize.measure import ModelRef
-from milliserve.optimize.progress import Progress, quiet
+from milliserve.optimize.graph_prep import preprocessed
+from milliserve.optimize.openvino_variants import AccuracyControl, openvino_variants
+from milliserve.optimize.progress import Progress, hushed, quiet
+from milliserve.optimize.static_int8 import SearchContext, _searched, quantizable_nodes, static_search
+from milliserve.optimize.variant import Feeds, Scorer, Skip, Variant
 
-__all__ = ["Variant", "build_variants"]
+__all__ = ["Variant", "build_variants", "wanted_by"]
 
 log = logging.getLogger(__name__)
-Feeds = dict[str, np.ndarray[Any, Any]]
-STATIC_METHODS = ("MinMax", "Entropy", "Percentile")
-
-
-@dataclass
-class Variant:
-    name: str
-    path: Path | None
-    note: str = ""
-    skipped: str = ""  # why it was not built
-    runtime: str = "onnxruntime"  # or "openvino": how measure/predict run it
-    precision: str = ""  # OpenVINO inference precision hint, pinned
-
-    @property
-    def ref(self) -> ModelRef:
-        assert self.path is not None, f"{self.name} was not built"
-        return ModelRef(self.path, self.runtime, self.precision)
-
-
-class Skip(Exception):
-    """The variant does not apply to this model; the message says why."""
-
-
-# The quality of a candidate model file on EVAL (accuracy or cosine); used by the static search.
-Scorer = Callable[[Path | ModelRef], float]
 
 
 def _fp32(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> tuple[Path, str]:
@@ -111,7 +85,7 @@ def _bert_fused(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> 
     tries = [(0, 0)] + [(hidden // hs, hidden) for hs in (64, 32, 128, 16, 8) if hidden and hidden % hs == 0]
     feeds = _probe_feeds(source)
     for heads, size in tries:
-        with _hushed():
+        with hushed():
             model = optimize_model(
                 str(source), model_type="bert", num_heads=heads, hidden_size=size, opt_level=1
             )
@@ -124,7 +98,20 @@ def _bert_fused(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> 
             heads_note = f", {heads} heads" if heads else ""
             return out, f"ONNX Runtime transformer fusions for BERT ({ops}{heads_note})"
     out.unlink(missing_ok=True)
+    if _has_attention_softmax(source):
+        raise Skip(
+            "ONNX Runtime's BERT fusion did not recognise this graph's attention (a transformers "
+            "export with SDPA attention is not a pattern it knows); export a PyTorch source "
+            "through milliserve, which exports with eager attention, to get the fused graph"
+        )
     raise Skip("no BERT-like attention found to fuse")
+
+
+def _has_attention_softmax(model: Path) -> bool:
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(model), load_external_data=False).graph.node}
+    return "Softmax" in ops and "MatMul" in ops
 
 
 ATTENTION_FUSIONS = (
@@ -157,280 +144,36 @@ def _fp16(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> tuple[
     return out, "FP16 weights and compute; CPUs rarely run it faster than FP32"
 
 
-def _preprocessed(source: Path, out: Path) -> Path:
-    """Symbolic shape inference (``auto_merge``) and basic graph optimisation before
-    quantizing; a graph already fused for transformers is not optimised again."""
-    import onnx
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    pre = out.with_name(out.stem + ".pre.onnx")
-    fused = any(
-        n.domain == "com.microsoft" for n in onnx.load(str(source), load_external_data=False).graph.node
-    )
-    with _hushed():
-        quant_pre_process(str(source), str(pre), auto_merge=True, skip_optimization=fused)
-    return pre
-
-
 def _int8_dynamic(source: Path, out: Path, cpu: CpuInfo, _: list[Feeds] | None) -> tuple[Path, str]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    pre = _preprocessed(source, out)
+    pre = preprocessed(source, out)
     weight = QuantType.QInt8 if cpu.vnni else QuantType.QUInt8
-    with _hushed():
+    with hushed():
         quantize_dynamic(str(pre), str(out), per_channel=True, weight_type=weight, reduce_range=not cpu.vnni)
     pre.unlink(missing_ok=True)
     kind = "S8 per-channel weights (VNNI)" if cpu.vnni else "U8 weights with reduce_range (no VNNI)"
     return out, f"dynamic INT8, {kind}"
 
 
-@contextmanager
-def _hushed() -> Iterator[None]:
-    """onnxruntime.quantization warns through the root logger (one line per LayerNorm weight)
-    and prints its calibration steps; keep them out of the user's progress display."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
+def _int4_weight_only(source: Path, out: Path, _: CpuInfo, __: list[Feeds] | None) -> tuple[Path, str]:
+    """ONNX Runtime's 4-bit MatMul weights (MatMulNBits, symmetric, blocks of 32, int8
+    compute). It is built for LLM-sized MatMuls; a small encoder may run no faster."""
+    import onnx
+
     try:
-        with open(os.devnull, "w") as sink, redirect_stdout(sink):
-            yield
-    finally:
-        root.setLevel(level)
-
-
-class _Reader:
-    """Calibration batches for onnxruntime.quantization, advancing a progress bar."""
-
-    def __init__(self, batches: list[Feeds], advance: Callable[[int], None] | None = None) -> None:
-        self._it: Iterator[Feeds] = iter(batches)
-        self._advance = advance
-
-    def get_next(self) -> Feeds | None:
-        item = next(self._it, None)
-        if item is not None and self._advance:
-            self._advance(1)
-        return item
-
-
-def _quantize_static(
-    pre: Path,
-    out: Path,
-    calib: list[Feeds],
-    method: str,
-    progress: Progress,
-    op_types: list[str] | None = None,
-    exclude: list[str] | None = None,
-) -> None:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
-    with progress.steps(f"calibrating {out.stem}", len(calib)) as advance, _hushed():
-        quantize_static(
-            str(pre),
-            str(out),
-            _Reader(calib, advance),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=getattr(CalibrationMethod, method),
-            op_types_to_quantize=op_types,
-            nodes_to_exclude=exclude or [],
-        )
-
-
-def sensitive_nodes(model: Path, calib: list[Feeds], max_fraction: float = 0.25) -> list[tuple[str, float]]:
-    """MatMul/Gemm nodes whose activation input has outliers far beyond its spread
-    (max |x| / std over the calibration data), worst first. These lose the most to an
-    8-bit grid: in BERT-like models they are the FFN output MatMuls, fed by the GELU."""
-    import onnx
-    import onnxruntime as ort
-
-    m = onnx.load(str(model))
-    consts = {i.name for i in m.graph.initializer} | {
-        o for n in m.graph.node if n.op_type == "Constant" for o in n.output
-    }
-    nodes = [n for n in m.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[0] not in consts]
-    if not nodes:
-        return []
-    known = {o.name for o in m.graph.output}
-    for name in {n.input[0] for n in nodes} - known:
-        m.graph.output.append(onnx.ValueInfoProto(name=name))
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    peak: dict[str, float] = {}
-    sq: dict[str, float] = {}
-    count: dict[str, int] = {}
-    for feeds in calib:
-        for name, arr in zip(names, sess.run(None, feeds), strict=True):
-            a = np.asarray(arr, dtype=np.float64)
-            peak[name] = max(peak.get(name, 0.0), float(np.abs(a).max(initial=0.0)))
-            sq[name] = sq.get(name, 0.0) + float((a * a).sum())
-            count[name] = count.get(name, 0) + a.size
-    ratio = {
-        n.name: peak[n.input[0]] / max(np.sqrt(sq[n.input[0]] / max(count[n.input[0]], 1)), 1e-12)
-        for n in nodes
-    }
-    median = float(np.median(list(ratio.values())))
-    worst = sorted(ratio.items(), key=lambda kv: -kv[1])[: max(1, int(len(nodes) * max_fraction))]
-    return [(n, r) for n, r in worst if r > 2 * median]
-
-
-def _op_subsets(model: Path) -> dict[str, list[str]]:
-    """Operator subsets worth trying beyond 'all': only those present and different from all."""
-    import onnx
-
-    ops = {n.op_type for n in onnx.load(str(model), load_external_data=False).graph.node}
-    subsets = {"matmul": ["MatMul", "Gemm"], "conv": ["Conv"]}
-    quantizable = ops & {"MatMul", "Gemm", "Conv", "Add", "Mul", "Gather", "Relu", "MaxPool", "Concat"}
-    return {k: v for k, v in subsets.items() if ops & set(v) and (quantizable - set(v))}
-
-
-def static_search(
-    source: Path,
-    out_dir: Path,
-    calib: list[Feeds] | None,
-    scorer: Scorer | None,
-    progress: Progress = quiet,
-    wanted: Callable[[str], bool] = lambda _: True,
-) -> list[Variant]:
-    """Static INT8 (QDQ) as a search: each calibration method over all operators; then,
-    for the best method, each operator subset and the exclusion of the sensitive nodes."""
-    names = [f"int8_static_{m.lower()}" for m in STATIC_METHODS]
-    if not any(wanted(n) for n in names):
-        return []
-    if not calib:
-        return [
-            Variant(n, None, skipped="static INT8 needs calibration data (--calibration)")
-            for n in names
-            if wanted(n)
-        ]
-    try:
-        pre = _preprocessed(source, out_dir / "static.onnx")
-    except Exception as exc:
-        reason = f"shape-inference pre-processing failed: {type(exc).__name__}: {exc}"
-        return [Variant(n, None, skipped=reason) for n in names if wanted(n)]
-    variants: list[Variant] = []
-    quality: dict[str, float] = {}
-
-    def attempt(name: str, method: str, note: str, **kw: Any) -> None:
-        progress.stage(name)
-        out = out_dir / f"{name}.onnx"
-        try:
-            _quantize_static(pre, out, calib, method, progress, **kw)
-        except Exception as exc:
-            log.warning("variant %s skipped: %s", name, exc)
-            variants.append(Variant(name, None, skipped=f"{type(exc).__name__}: {exc}"))
-            return
-        variants.append(
-            Variant(name, out, f"static INT8 (QDQ), {method} calibration on {len(calib)} batches{note}")
-        )
-        if scorer is not None:
-            quality[name] = scorer(out)
-
-    for method, name in zip(STATIC_METHODS, names, strict=True):
-        if wanted(name):
-            attempt(name, method, ", all operators")
-    if scorer is not None and quality:
-        best = max(quality, key=lambda n: quality[n])
-        method = STATIC_METHODS[names.index(best)]
-        subsets: dict[str, list[str] | None] = {best: None}
-        for subset, ops in _op_subsets(pre).items():
-            attempt(f"{best}_{subset}", method, f", only {'/'.join(ops)}", op_types=ops)
-            subsets[f"{best}_{subset}"] = ops
-        # then keep the sensitive nodes in FP32, on top of the best operator subset so far
-        base = max((n for n in subsets if n in quality), key=lambda n: quality[n])
-        sensitive = sensitive_nodes(pre, calib)
-        if sensitive:
-            shown = ", ".join(f"{n} ({r:.0f}x)" for n, r in sensitive[:4])
-            more = f" and {len(sensitive) - 4} more" if len(sensitive) > 4 else ""
-            chosen = subsets[base]
-            only = f", only {'/'.join(chosen)}" if chosen else ""
-            attempt(
-                f"{base}_exclude",
-                method,
-                f"{only}, {len(sensitive)} sensitive MatMuls kept in FP32 "
-                f"(max/rms of their input: {shown}{more})",
-                op_types=chosen,
-                exclude=[n for n, _ in sensitive],
-            )
-    pre.unlink(missing_ok=True)
-    return variants
-
-
-def _bert_like(model: Path) -> bool:
-    import onnx
-
-    ops = {n.op_type for n in onnx.load(str(model), load_external_data=False).graph.node}
-    return "Softmax" in ops and bool(ops & {"Erf", "Gelu", "FastGelu", "BiasGelu"})
-
-
-def openvino_variants(
-    source: Path,
-    out_dir: Path,
-    cpu: CpuInfo,
-    calib: list[Feeds] | None,
-    wanted: Callable[[str], bool],
-    progress: Progress = quiet,
-) -> list[Variant]:
-    """OpenVINO f32 and bf16 (precision pinned: OpenVINO picks bf16 by itself on CPUs that
-    have it) and NNCF post-training INT8, when openvino / nncf are installed."""
-    names = [n for n in ("openvino_f32", "openvino_bf16", "nncf_int8") if wanted(n)]
-    if not names:
-        return []
-    if importlib.util.find_spec("openvino") is None:
-        return [
-            Variant(n, None, skipped="openvino is not installed (pip install openvino nncf)") for n in names
-        ]
-    out: list[Variant] = []
-    for name, precision in (("openvino_f32", "f32"), ("openvino_bf16", "bf16")):
-        if name not in names:
-            continue
-        if precision == "bf16" and not cpu.bf16:
-            out.append(Variant(name, None, skipped="this CPU has no bf16 instructions"))
-            continue
-        out.append(
-            Variant(
-                name,
-                source,
-                f"OpenVINO CPU plugin, INFERENCE_PRECISION_HINT={precision} pinned",
-                runtime="openvino",
-                precision=precision,
-            )
-        )
-    if "nncf_int8" in names:
-        progress.stage("nncf_int8")
-        if importlib.util.find_spec("nncf") is None:
-            out.append(Variant("nncf_int8", None, skipped="nncf is not installed (pip install nncf)"))
-        elif not calib:
-            out.append(Variant("nncf_int8", None, skipped="NNCF INT8 needs calibration data (--calibration)"))
-        else:
-            try:
-                out.append(_nncf_int8(source, out_dir / "nncf_int8.xml", calib))
-            except Exception as exc:
-                log.warning("variant nncf_int8 skipped: %s", exc)
-                out.append(Variant("nncf_int8", None, skipped=f"{type(exc).__name__}: {exc}"))
-    return out
-
-
-def _nncf_int8(source: Path, out: Path, calib: list[Feeds]) -> Variant:
-    import nncf
-    import openvino as ov
-
-    model = ov.Core().read_model(str(source))
-    kind = nncf.ModelType.TRANSFORMER if _bert_like(source) else None
-    with _hushed():
-        quantized = nncf.quantize(
-            model, nncf.Dataset(calib), subset_size=len(calib), model_type=kind, fast_bias_correction=True
-        )
-    ov.save_model(quantized, str(out))
-    what = "transformer preset" if kind else "default preset"
-    return Variant(
-        "nncf_int8",
-        out,
-        f"NNCF post-training INT8 ({what}, {len(calib)} calibration batches), OpenVINO with f32 pinned",
-        runtime="openvino",
-        precision="f32",
-    )
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    except ImportError as exc:
+        raise Skip(f"onnxruntime's 4-bit quantizer cannot be imported ({exc}); pip install onnx-ir") from None
+    model = onnx.load(str(source))
+    with hushed():
+        quant = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=True, accuracy_level=4)
+        quant.process()
+    done = sum(1 for n in quant.model.model.graph.node if n.op_type == "MatMulNBits")
+    if not done:
+        raise Skip("no MatMul with a constant weight (the 4-bit quantizer takes MatMul, not Gemm or Conv)")
+    quant.model.save_model_to_file(str(out), use_external_data_format=False)
+    return out, f"INT4 weight-only (MatMulNBits on {done} MatMuls, symmetric, block 32, int8 compute)"
 
 
 Builder = Callable[[Path, Path, CpuInfo, list[Feeds] | None], tuple[Path, str]]
@@ -440,12 +183,57 @@ BUILDERS: dict[str, Builder] = {
     "bert_fused": _bert_fused,
     "fp16": _fp16,
     "int8_dynamic": _int8_dynamic,
+    "int4_weight_only": _int4_weight_only,
 }
 
 
 def wanted_by(only: list[str] | None) -> Callable[[str], bool]:
     """``--variant`` filter: a name is wanted when listed, or when it extends a listed name."""
     return lambda name: not only or any(name == o or name.startswith(o + "_") for o in only)
+
+
+def dynamic_search(
+    base: Path,
+    out_dir: Path,
+    cpu: CpuInfo,
+    calib: list[Feeds] | None,
+    search: SearchContext,
+    progress: Progress,
+    name: str,
+) -> Variant:
+    """Dynamic INT8 with the measured set of weight nodes kept in FP32 (``accuracy_search``)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    pre = preprocessed(base, out_dir / f"{name}.onnx")
+    weight = QuantType.QInt8 if cpu.vnni else QuantType.QUInt8
+    serial = iter(range(1, 1 << 30))
+
+    def build(keep: list[str], only: str | None) -> Path:
+        out = out_dir / f"{name}_{next(serial)}.onnx"
+        with hushed():
+            quantize_dynamic(
+                str(pre),
+                str(out),
+                per_channel=True,
+                weight_type=weight,
+                reduce_range=not cpu.vnni,
+                nodes_to_exclude=keep,
+                nodes_to_quantize=[only] if only else None,
+            )
+        return out
+
+    progress.stage(f"{name}: accuracy-aware search ({search.left():.0f} s left)")
+    found = restore_search(
+        build,
+        quantizable_nodes(pre, calib),
+        search.score,
+        search.damage,
+        search.target,
+        search.left(),
+        progress,
+        name,
+    )
+    return _searched(name, found, "dynamic INT8")
 
 
 def build_variants(
@@ -458,12 +246,15 @@ def build_variants(
     scorer: Scorer | None = None,
     prefix: str = "",
     builders: tuple[str, ...] | None = None,
+    search: SearchContext | None = None,
+    control: AccuracyControl | None = None,
 ) -> list[Variant]:
     """Build each variant into ``out_dir``; failures become skipped variants with the reason.
 
     ``prefix`` names the variants of a derived model (``student_int8_dynamic``);
     ``builders`` limits which builders run on it. INT8 dynamic quantizes the fastest FP32
-    graph available (the BERT-fused one when it exists)."""
+    graph available (the BERT-fused one when it exists). With a ``search`` context, an
+    INT8 variant out of tolerance is followed by its accuracy-aware search (``_acc``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     wanted = wanted_by(only)
     variants: list[Variant] = []
@@ -475,7 +266,10 @@ def build_variants(
         progress.stage(full)
         try:
             path, note = builder(
-                base if name == "int8_dynamic" else source, out_dir / f"{full}.onnx", cpu, calibration
+                base if name in ("int8_dynamic", "int4_weight_only") else source,
+                out_dir / f"{full}.onnx",
+                cpu,
+                calibration,
             )
         except Skip as exc:
             variants.append(Variant(full, None, skipped=str(exc)))
@@ -488,13 +282,37 @@ def build_variants(
             base = path
             note += "; INT8 dynamic quantizes this graph"
         variants.append(Variant(full, path, note))
+        if (
+            name == "int8_dynamic"
+            and search is not None
+            and scorer is not None
+            and wanted(full + "_acc")
+            and search.left() > 0
+            and scorer(path) < search.target
+        ):
+            try:
+                variants.append(
+                    dynamic_search(base, out_dir, cpu, calibration, search, progress, full + "_acc")
+                )
+            except Exception as exc:
+                log.warning("variant %s_acc skipped: %s", full, exc)
+                variants.append(Variant(full + "_acc", None, skipped=f"{type(exc).__name__}: {exc}"))
     if builders is None or "int8_static" in builders:
         variants += [
-            Variant(prefix + v.name, v.path, v.note, v.skipped)
+            Variant(prefix + v.name, v.path, v.note, v.skipped, search=v.search)
             for v in static_search(
-                source, out_dir, calibration, scorer, progress, lambda n: wanted(prefix + n)
+                source,
+                out_dir,
+                calibration,
+                scorer,
+                progress,
+                lambda n: wanted(prefix + n),
+                search if builders is None else None,
             )
         ]
     if builders is None:
-        variants += openvino_variants(source, out_dir, cpu, calibration, wanted, progress)
+        quality_of = (lambda v: scorer(v.ref)) if scorer is not None else None
+        variants += openvino_variants(
+            source, out_dir, cpu, calibration, wanted, progress, control, quality_of
+        )
     return variants

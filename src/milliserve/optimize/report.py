@@ -1,0 +1,172 @@
+"""The optimisation report: ``report.json`` (everything), ``report.md`` (the table, the
+choice and why, the head-to-head re-timing, the accuracy-aware searches) and
+``pareto.png`` (quality against latency, labels that do not overlap, the shipped
+variant marked)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from milliserve.optimize.measure import BATCHES
+from milliserve.plotting import pyplot
+
+__all__ = ["OptimizeReport", "write_reports"]
+
+
+@dataclass
+class OptimizeReport:
+    source: str
+    metric: str
+    tolerance: float
+    latency_key: str
+    cpu: dict[str, Any]
+    threads: int
+    reference: float
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    winner: str | None = None
+    why: str = ""  # one sentence: why the winner, or why FP32
+    pareto: list[str] = field(default_factory=list)
+    output: str | None = None
+    batches: list[int] = field(default_factory=lambda: list(BATCHES))
+    finalists: list[str] = field(default_factory=list)
+    final_rounds: int = 0
+    clamped: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def row(self, name: str) -> dict[str, Any] | None:
+        return next((r for r in self.rows if r["name"] == name and not r["skipped"]), None)
+
+
+def _ci(r: dict[str, Any]) -> str:
+    p, lo, hi = r.get("speedup", math.nan), r.get("speedup_low", math.nan), r.get("speedup_high", math.nan)
+    if math.isnan(p):
+        return "-"
+    return f"{p:.2f}× ({lo:.2f}–{hi:.2f})" if not math.isnan(lo) else f"{p:.2f}×"
+
+
+def write_reports(report: OptimizeReport, output: Path) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "report.json").write_text(json.dumps(report.as_dict(), indent=2, default=str))
+    big = max(report.batches)
+    lines = [
+        f"# Optimisation report: {report.source}",
+        "",
+        f"CPU: {report.cpu['model']} ({report.cpu['cores']} cores, flags {' '.join(report.cpu['flags'])}); "
+        f"{report.threads} inference thread(s); variants timed round-robin in one process.",
+        f"Metric: {report.metric} (FP32 {report.reference:.4f}), tolerance {report.tolerance}; "
+        f"ranked on {report.latency_key}; shipped: **{report.winner or 'nothing'}**. {report.why}.",
+        "",
+        "Speed-up is FP32's latency over the variant's at batch 1 (p50) with its 95% bootstrap interval "
+        "over the timing rounds; finalists (†) were re-timed head to head in "
+        f"{report.final_rounds} more interleaved rounds and show those figures.",
+        "",
+        "| variant | runtime | quality | Δ vs FP32 | p50 b1 µs | p99 b1 µs | speed-up (95% CI) "
+        f"| p50 b{big} µs | b{big} items/s | size KiB | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report.rows:
+        if r["skipped"]:
+            lines.append(f"| {r['name']} | - | - | - | - | - | - | - | - | - | skipped: {r['skipped']} |")
+            continue
+        mark = (" **shipped**" if r["name"] == report.winner else "") + (
+            " †" if r["name"] in report.finalists else ""
+        )
+        serve = "" if r.get("servable", True) else " (reference, not servable)"
+        lines.append(
+            f"| {r['name']}{mark} | {r.get('runtime', '')}{serve} | {r['quality']:.4f} | {r['delta']:+.4f} | "
+            f"{r.get('p50_b1_us', 0):.1f} | {r.get('p99_b1_us', 0):.1f} | {_ci(r)} | "
+            f"{r.get(f'p50_b{big}_us', 0):.1f} | {r.get(f'throughput_b{big}', 0):,.0f} | "
+            f"{r['size_bytes'] / 1024:,.0f} | {r['note']} |"
+        )
+    searched = [r for r in report.rows if r.get("search")]
+    for r in searched:
+        lines += [
+            "",
+            f"### Accuracy-aware search: {r['name']}",
+            "",
+            "| step | kept in FP32 | quality | s |",
+            "|---|---|---|---|",
+        ]
+        for s in r["search"]:
+            q = "-" if math.isnan(s["quality"]) else f"{s['quality']:.4f}"
+            lines.append(f"| {s['what']} | {s['kept_fp32']} | {q} | {s['seconds']:.1f} |")
+    (output / "report.md").write_text("\n".join(lines) + "\n")
+    _plot(report, output / "pareto.png")
+
+
+def _place_labels(ax: Any, points: list[tuple[float, float, str]], fig: Any) -> list[Any]:
+    """Annotate each point at the first of several offsets whose box overlaps no label
+    placed so far; a crowded point gets its label further out, with a leader line."""
+    renderer = fig.canvas.get_renderer()
+    placed: list[Any] = []
+    texts = []
+    offsets = [(6, 6), (6, -12), (-6, 6), (-6, -12), (12, 18), (12, -24), (-12, 18), (-12, -24)]
+    offsets += [(dx, dy) for dy in (30, -36, 42, -48, 54, -60, 66, -72) for dx in (16, -16)]
+    for x, y, label in sorted(points, key=lambda p: (p[0], p[1])):
+        for dx, dy in offsets:
+            t = ax.annotate(
+                label,
+                (x, y),
+                xytext=(dx, dy),
+                textcoords="offset points",
+                fontsize=7,
+                ha="left" if dx >= 0 else "right",
+                arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if abs(dy) > 12 else None,
+            )
+            box = t.get_window_extent(renderer).expanded(1.05, 1.15)
+            if not any(box.overlaps(b) for b in placed):
+                placed.append(box)
+                texts.append(t)
+                break
+            t.remove()
+        else:
+            texts.append(ax.annotate(label, (x, y), xytext=(6, 6), textcoords="offset points", fontsize=7))
+            placed.append(texts[-1].get_window_extent(renderer))
+    return texts
+
+
+def _plot(report: OptimizeReport, path: Path) -> None:
+    plt = pyplot("milliserve optimize's Pareto plot")
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    key = report.latency_key
+    rows = [r for r in report.rows if not r["skipped"] and key in r]
+    fig, ax = plt.subplots(figsize=(10, 6))
+    ax.set_xscale("log")
+    for r in rows:
+        front = r["name"] in report.pareto
+        ax.scatter(r[key], r["quality"], s=40 if front else 20, c="C3" if front else "C0", zorder=3)
+    shipped = report.row(report.winner) if report.winner else None
+    if shipped is not None and key in shipped:
+        ax.scatter(
+            shipped[key],
+            shipped["quality"],
+            s=260,
+            marker="*",
+            c="gold",
+            edgecolors="black",
+            zorder=4,
+            label=f"shipped: {shipped['name']}",
+        )
+    front_rows = sorted((r for r in rows if r["name"] in report.pareto), key=lambda r: r[key])
+    ax.plot([r[key] for r in front_rows], [r["quality"] for r in front_rows], "C3--", label="Pareto front")
+    ax.axhline(report.reference - report.tolerance, color="grey", lw=0.8, ls=":", label="FP32 - tolerance")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    ax.set_xlabel(f"{key} (µs, log scale)")
+    ax.set_ylabel(report.metric)
+    ax.set_title("Quality against latency")
+    ax.grid(True, which="major", lw=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.canvas.draw()
+    _place_labels(ax, [(r[key], r["quality"], r["name"]) for r in rows], fig)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
