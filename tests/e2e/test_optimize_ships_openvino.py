@@ -48,6 +48,8 @@ def test_a_shipped_nncf_variant_serves_through_the_openvino_backend(
             "nncf_int8",
             "--rounds",
             "2",
+            "--final-rounds",
+            "5",
             "--batches",
             "1,8",
             "--output",

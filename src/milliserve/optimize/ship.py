@@ -55,6 +55,7 @@ def config_pbtxt(name: str, source_onnx: Path, variant: Variant, batching: dict[
         )
     if openvino:
         lines.append('parameters { key: "INFERENCE_NUM_THREADS" value: { string_value: "1" } }')
+        lines.append('parameters { key: "PERFORMANCE_HINT" value: { string_value: "LATENCY" } }')
         hint = variant.precision or "f32"
         lines.append(f'parameters {{ key: "INFERENCE_PRECISION_HINT" value: {{ string_value: "{hint}" }} }}')
     else:

@@ -128,7 +128,7 @@ def quantizable_nodes(model: Path, calib: list[Feeds] | None) -> list[str]:
 
 class SearchContext:
     """What an accuracy-aware search needs: the full scorer, a damage function on a slice of
-    EVAL, the quality to reach and a shared deadline."""
+    EVAL, the quality to reach, and the time each search may take (``budget_s``)."""
 
     def __init__(
         self,
@@ -138,10 +138,7 @@ class SearchContext:
         budget_s: float,
     ) -> None:
         self.score, self.damage, self.target = score, damage, target
-        self.deadline = time.monotonic() + budget_s
-
-    def left(self) -> float:
-        return max(0.0, self.deadline - time.monotonic())
+        self.budget_s = budget_s
 
 
 def _counter() -> Iterator[int]:
@@ -218,7 +215,7 @@ def static_search(
         attempt(f"{best}_{subset}", method, f", only {'/'.join(ops)}", op_types=ops)
         subsets[f"{best}_{subset}"] = ops
     base = max((n for n in subsets if n in quality), key=lambda n: quality[n])
-    if search is None or quality[base] >= search.target or search.left() <= 0:
+    if search is None or quality[base] >= search.target or search.budget_s <= 0:
         return variants
     chosen = subsets[base]
     serial = _counter()
@@ -238,10 +235,10 @@ def static_search(
             )
         return out
 
-    progress.stage(f"{base}_acc: accuracy-aware search ({search.left():.0f} s left)")
+    progress.stage(f"{base}_acc: accuracy-aware search (budget {search.budget_s:.0f} s)")
     nodes = quantizable_nodes(pre, calib)
     found = restore_search(
-        build, nodes, search.score, search.damage, search.target, search.left(), progress, f"{base}_acc"
+        build, nodes, search.score, search.damage, search.target, search.budget_s, progress, f"{base}_acc"
     )
     variants.append(
         _searched(

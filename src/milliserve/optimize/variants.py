@@ -222,14 +222,14 @@ def dynamic_search(
             )
         return out
 
-    progress.stage(f"{name}: accuracy-aware search ({search.left():.0f} s left)")
+    progress.stage(f"{name}: accuracy-aware search (budget {search.budget_s:.0f} s)")
     found = restore_search(
         build,
         quantizable_nodes(pre, calib),
         search.score,
         search.damage,
         search.target,
-        search.left(),
+        search.budget_s,
         progress,
         name,
     )
@@ -287,7 +287,7 @@ def build_variants(
             and search is not None
             and scorer is not None
             and wanted(full + "_acc")
-            and search.left() > 0
+            and search.budget_s > 0
             and scorer(path) < search.target
         ):
             try:
