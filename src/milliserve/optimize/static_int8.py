@@ -6,7 +6,6 @@ runs on a copy of the graph whose infinite constants are clamped (``graph_prep``
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
