@@ -195,11 +195,44 @@ def unseen_section(name: str, work: Path) -> str:
             "its upper end reaches 1.0, *within tolerance* that held-out accuracy drops by at most "
             f"{100 * report.tolerance:.0f} point."
         )
+    target = _int8_target(report) if name == "minilm_cls" else ""
     return (
         f"## {name} (a model optimize was not tuned on)\n\n{built.description} FP32 accuracy on EVAL "
-        f"{built.fp32_eval_accuracy:.4f}.\n\n### Held-out check\n\n{held}\n\n### optimize's report\n"
+        f"{built.fp32_eval_accuracy:.4f}.\n\n{target}### Held-out check\n\n{held}\n\n### optimize's report\n"
         + _body(out)
     )
+
+
+def _int8_target(report: OptimizeReport) -> str:
+    """Issue 11's target on a MiniLM classifier built unlike the example: some INT8 variant
+    (ONNX Runtime or OpenVINO) at >= 2x FP32 within 1 point, and it is what ships."""
+    ok = [
+        r
+        for r in report.rows
+        if not r["skipped"] and "int8" in r["name"] and r["delta"] >= -0.01 and r.get("servable", True)
+    ]
+    best = max(ok, key=lambda r: r["speedup"], default=None)
+    shipped = report.row(report.winner) if report.winner else None
+    met = (
+        shipped is not None
+        and "int8" in shipped["name"]
+        and shipped["speedup"] >= 2.0
+        and shipped["delta"] >= -0.01
+    )
+    lines = [
+        "### Target (issue 11)\n",
+        "| target | best INT8 within 1 point | its speed-up (95% CI) | shipped | met |",
+        "|---|---|---|---|---|",
+    ]
+    if best is None:
+        lines.append("| INT8 ≥ 2× FP32 within 1 point, and shipped | none | - | - | no |")
+    else:
+        lines.append(
+            f"| INT8 ≥ 2× FP32 within 1 point, and shipped | {best['name']} | {best['speedup']:.2f}× "
+            f"({best['speedup_low']:.2f}–{best['speedup_high']:.2f}) | {report.winner} "
+            f"| {'yes' if met else 'no'} |"
+        )
+    return "\n".join(lines) + "\n\n"
 
 
 def main() -> None:

@@ -140,7 +140,7 @@ def optimize(
             scores[path] = score(metric, predict(path, data, threads), data, reference_out)
         return scores[path]
 
-    quick = _subset(data, min(256, data.rows))
+    quick = _subset(data, min(128, data.rows))  # ranking damage: smooth, so 128 rows separate nodes
     search = SearchContext(
         scorer, damage_on(quick, reference_out[: quick.rows], threads), reference - tolerance, budget_s
     )

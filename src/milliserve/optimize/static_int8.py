@@ -114,13 +114,16 @@ def _op_subsets(model: Path) -> dict[str, list[str]]:
 
 
 def quantizable_nodes(model: Path, calib: list[Feeds] | None) -> list[str]:
-    """Names of the nodes with weights that INT8 quantizes, worst outliers first (the
-    ``sensitive_nodes`` heuristic, when calibration data is there), then graph order."""
+    """Names of the nodes with a constant weight that INT8 quantizes (activation-by-activation
+    MatMuls in attention are left out: dynamic INT8 does not quantize them), worst outliers
+    first (the ``sensitive_nodes`` heuristic, when calibration data is there), then graph order."""
     import onnx
 
-    nodes = [
-        n.name for n in onnx.load(str(model), load_external_data=False).graph.node if n.op_type in WEIGHT_OPS
-    ]
+    graph = onnx.load(str(model), load_external_data=False).graph
+    consts = {i.name for i in graph.initializer} | {
+        o for n in graph.node if n.op_type in ("Constant", "DequantizeLinear") for o in n.output
+    }
+    nodes = [n.name for n in graph.node if n.op_type in WEIGHT_OPS and consts & set(n.input[1:])]
     prior = [n for n, _ in sensitive_nodes(model, calib, max_fraction=1.0)] if calib else []
     return [n for n in prior if n in nodes] + [n for n in nodes if n not in prior]
 

@@ -147,6 +147,8 @@ def test_cli_ships_a_repository_that_milliserve_serves(
             str(eval_path),
             "--calibration",
             str(calib),
+            "--final-rounds",
+            "5",
             "--output",
             str(out),
         ],

@@ -232,6 +232,8 @@ def test_cli_optimizes_a_pytorch_factory_and_the_winner_serves(data: dict[str, P
         "1,8",
         "--rounds",
         "2",
+        "--final-rounds",
+        "5",
         "--output",
         str(out),
     ]
