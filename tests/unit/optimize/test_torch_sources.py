@@ -3,6 +3,7 @@ digits CNN (scikit-learn's bundled digits) and a small random BERT."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +140,7 @@ def test_distilled_student_learns_from_the_teacher(data: dict[str, Path]) -> Non
     assert before < 0.3 and _accuracy(student, ev) > 0.85
 
 
-def _tiny_bert() -> Any:
+def _tiny_bert(attn: str = "eager") -> Any:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
@@ -150,7 +151,7 @@ def _tiny_bert() -> Any:
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=32,
-        attn_implementation="eager",
+        attn_implementation=attn,
     )
     return BertModel(cfg).eval()
 
@@ -293,3 +294,37 @@ def test_bert_fusions_apply_to_an_exported_bert_and_keep_its_outputs(tmp_path: P
     np.testing.assert_allclose(predict(fused.path, data), predict(path, data), atol=1e-4)
     assert variants["int8_dynamic"].path is not None
     np.testing.assert_allclose(predict(variants["int8_dynamic"].path, data), predict(path, data), atol=0.1)
+
+
+def test_a_bert_with_sdpa_attention_is_exported_so_that_it_fuses(tmp_path: Path) -> None:
+    """transformers' default attention (SDPA) exports as a pattern ORT's fusion does not
+    know. milliserve exports with eager attention (and restores SDPA afterwards); a user's
+    own SDPA export is reported as unfusable, with the reason."""
+    from milliserve.optimize.cpu import cpu_info
+    from milliserve.optimize.variants import build_variants
+
+    bert = _tiny_bert("sdpa")
+    ids = torch.randint(1, 100, (4, 12))
+    mask = torch.ones_like(ids)
+    mask[0, 8:] = 0
+    ours = export_onnx(
+        TorchModel(_Pooled(bert), {"input_ids": ids, "attention_mask": mask}), tmp_path / "ours.onnx"
+    )
+    assert bert.config._attn_implementation == "sdpa"  # restored after the export
+    theirs = tmp_path / "theirs.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            _Pooled(bert),
+            (ids, mask),
+            str(theirs),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["output"],
+            opset_version=17,
+            dynamo=False,
+            dynamic_axes={"input_ids": {0: "b", 1: "s"}, "attention_mask": {0: "b", 1: "s"}},
+        )
+    fused = build_variants(ours, tmp_path / "a", cpu_info(), only=["bert_fused"])[0]
+    assert fused.path is not None and "Attention" in fused.note, fused.skipped
+    unfused = build_variants(theirs, tmp_path / "b", cpu_info(), only=["bert_fused"])[0]
+    assert unfused.path is None and "SDPA attention is not a pattern it knows" in unfused.skipped
