@@ -43,6 +43,17 @@ class OptimizeReport:
         return next((r for r in self.rows if r["name"] == name and not r["skipped"]), None)
 
 
+def _strict(value: Any) -> Any:
+    """NaN (no interval, no quality for a ranking step) as null: report.json stays strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 def _ci(r: dict[str, Any]) -> str:
     p, lo, hi = r.get("speedup", math.nan), r.get("speedup_low", math.nan), r.get("speedup_high", math.nan)
     if math.isnan(p):
@@ -52,7 +63,7 @@ def _ci(r: dict[str, Any]) -> str:
 
 def write_reports(report: OptimizeReport, output: Path) -> None:
     output.mkdir(parents=True, exist_ok=True)
-    (output / "report.json").write_text(json.dumps(report.as_dict(), indent=2, default=str))
+    (output / "report.json").write_text(json.dumps(_strict(report.as_dict()), indent=2, default=str))
     big = max(report.batches)
     lines = [
         f"# Optimisation report: {report.source}",

@@ -128,3 +128,13 @@ def test_the_report_marks_the_shipped_variant(tmp_path: Path) -> None:
     md = (tmp_path / "report.md").read_text()
     assert "| int8_dynamic **shipped** |" in md and "2.50× (2.25–2.75)" in md
     assert (tmp_path / "pareto.png").stat().st_size > 10_000
+    rows[2]["speedup_low"] = float("nan")  # no interval: null in strict JSON
+    write_reports(report, tmp_path)
+    import json
+
+    assert (
+        json.loads((tmp_path / "report.json").read_text(), parse_constant=lambda c: 1 / 0)["rows"][2][
+            "speedup_low"
+        ]
+        is None
+    )
