@@ -112,14 +112,29 @@ def write_reports(report: OptimizeReport, output: Path) -> None:
 
 
 def _place_labels(ax: Any, points: list[tuple[float, float, str]], fig: Any) -> list[Any]:
-    """Annotate each point at the first of several offsets whose box overlaps no label
-    placed so far; a crowded point gets its label further out, with a leader line."""
+    """Annotate each point at the nearest offset whose box stays inside the axes and
+    overlaps no label placed so far; labels of crowded points stack above and below them,
+    with a leader line back to their point."""
+    from matplotlib.text import Text
+
     renderer = fig.canvas.get_renderer()
-    placed: list[Any] = []
+    inside = ax.get_window_extent(renderer)
+    from matplotlib.transforms import Bbox
+
+    # markers count as taken: a label is never written over another variant's point
+    placed: list[Any] = [
+        Bbox.from_extents(px - 4, py - 4, px + 4, py + 4)
+        for px, py in (ax.transData.transform((x, y)) for x, y, _ in points)
+    ]
     texts = []
-    offsets = [(6, 6), (6, -12), (-6, 6), (-6, -12), (12, 18), (12, -24), (-12, 18), (-12, -24)]
-    offsets += [(dx, dy) for dy in (30, -36, 42, -48, 54, -60, 66, -72) for dx in (16, -16)]
+    near = sorted(range(-110, 111, 11), key=abs)
+    far = sorted(range(-220, 221, 11), key=abs)
+    # beside the point first (above or below it), then further out sideways
+    offsets = [(dx, dy) for dx in (6, -6) for dy in near] + [
+        (dx, dy) for dy in far for dx in (48, -48, 96, -96, 6, -6)
+    ]
     for x, y, label in sorted(points, key=lambda p: (p[0], p[1])):
+        chosen = None
         for dx, dy in offsets:
             t = ax.annotate(
                 label,
@@ -128,17 +143,24 @@ def _place_labels(ax: Any, points: list[tuple[float, float, str]], fig: Any) -> 
                 textcoords="offset points",
                 fontsize=7,
                 ha="left" if dx >= 0 else "right",
-                arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if abs(dy) > 12 else None,
+                va="center",
+                arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"}
+                if abs(dy) > 8 or abs(dx) > 6
+                else None,
             )
-            box = t.get_window_extent(renderer).expanded(1.05, 1.15)
-            if not any(box.overlaps(b) for b in placed):
+            t.update_positions(renderer)
+            box = Text.get_window_extent(t, renderer)  # the words only: leader lines may cross
+            fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+            if fits and not any(box.overlaps(b) for b in placed):
+                chosen = t
                 placed.append(box)
-                texts.append(t)
                 break
             t.remove()
-        else:
-            texts.append(ax.annotate(label, (x, y), xytext=(6, 6), textcoords="offset points", fontsize=7))
-            placed.append(texts[-1].get_window_extent(renderer))
+        if chosen is None:  # nowhere free: a plain label rather than none
+            chosen = ax.annotate(label, (x, y), xytext=(6, 0), textcoords="offset points", fontsize=7)
+            chosen.update_positions(renderer)
+            placed.append(Text.get_window_extent(chosen, renderer))
+        texts.append(chosen)
     return texts
 
 

@@ -72,19 +72,27 @@ def test_pareto_labels_do_not_overlap(tmp_path: Path) -> None:
     from milliserve.plotting import pyplot
 
     plt = pyplot("test")
-    # twelve variants crowded around the same latency and quality, as INT8 variants are
-    names = [f"int8_static_variant_{i}" for i in range(12)]
-    pts = [(100 + i * 0.5, 0.90 + (i % 3) * 0.0005, n) for i, n in enumerate(names)]
+    # twelve variants crowded around the same latency and quality, as INT8 variants are, and
+    # six at exactly FP32's point (lossless variants), one at the right edge
+    names = [f"int8_static_variant_{i}" for i in range(12)] + [f"lossless_{i}" for i in range(6)]
+    pts = [(100 + i * 0.5, 0.90 + (i % 3) * 0.0005, n) for i, n in enumerate(names[:12])]
+    pts += [(20.0, 0.9824, n) for n in names[12:]] + [(1000.0, 0.95, "openvino_bf16_at_the_edge")]
     fig, ax = plt.subplots(figsize=(10, 6))
     ax.set_xscale("log")
     ax.scatter([p[0] for p in pts], [p[1] for p in pts])
     fig.canvas.draw()
     texts = _place_labels(ax, pts, fig)
     renderer = fig.canvas.get_renderer()
-    boxes = [t.get_window_extent(renderer) for t in texts]
-    assert len(boxes) == 12
-    overlaps = [(i, j) for i in range(12) for j in range(i + 1, 12) if boxes[i].overlaps(boxes[j])]
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    boxes = [Text.get_window_extent(t, renderer) for t in texts]  # the words, not the leader lines
+    n = len(pts)
+    assert len(boxes) == n == 19
+    overlaps = [(i, j) for i in range(n) for j in range(i + 1, n) if boxes[i].overlaps(boxes[j])]
     assert not overlaps
+    frame = ax.get_window_extent(renderer)
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 for b in boxes)  # none cut off at the edge
     plt.close(fig)
 
 
