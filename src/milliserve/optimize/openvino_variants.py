@@ -198,15 +198,23 @@ def _nncf_int4(source: Path, out: Path) -> Variant:
     import openvino as ov
 
     model = ov.Core().read_model(str(source))
+    group = "group 32"
     with hushed():
-        compressed = nncf.compress_weights(
-            model, mode=nncf.CompressWeightsMode.INT4_SYM, group_size=32, ratio=1.0
-        )
+        try:
+            compressed = nncf.compress_weights(
+                model, mode=nncf.CompressWeightsMode.INT4_SYM, group_size=32, ratio=1.0
+            )
+        except nncf.InvalidGroupSizeError:  # an input width that 32 does not divide (a 120-feature MLP)
+            model = ov.Core().read_model(str(source))
+            compressed = nncf.compress_weights(
+                model, mode=nncf.CompressWeightsMode.INT4_SYM, group_size=-1, ratio=1.0
+            )
+            group = "per output channel (32 does not divide an input width)"
     ov.save_model(compressed, str(out), compress_to_fp16=False)
     return Variant(
         "nncf_int4",
         out,
-        "NNCF INT4 weight-only (symmetric, group 32; embeddings and the last layer stay INT8), "
+        f"NNCF INT4 weight-only (symmetric, {group}; embeddings and the last layer stay INT8), "
         "OpenVINO with f32 activations",
         runtime="openvino",
         precision="f32",

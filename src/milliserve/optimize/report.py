@@ -83,7 +83,10 @@ def write_reports(report: OptimizeReport, output: Path) -> None:
     ]
     for r in report.rows:
         if r["skipped"]:
-            lines.append(f"| {r['name']} | - | - | - | - | - | - | - | - | - | skipped: {r['skipped']} |")
+            why = " ".join(
+                str(r["skipped"]).split()
+            )  # one line: a table row cannot hold a traceback's breaks
+            lines.append(f"| {r['name']} | - | - | - | - | - | - | - | - | - | skipped: {why} |")
             continue
         mark = (" **shipped**" if r["name"] == report.winner else "") + (
             " †" if r["name"] in report.finalists else ""
