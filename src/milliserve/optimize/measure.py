@@ -17,7 +17,6 @@ __all__ = [
     "ModelRef",
     "Timing",
     "load_arrays",
-    "measure",
     "measure_rounds",
     "metric_function",
     "predict",
@@ -211,20 +210,6 @@ def _rss_mb() -> float:
             return int(f.read().split()[1]) * 4096 / 2**20
     except OSError:
         return 0.0
-
-
-def measure(
-    paths: dict[str, Path | ModelRef],
-    data: EvalSet,
-    threads: int = 1,
-    rounds: int = 5,
-    seconds_per_round: float = 0.2,
-    batches: tuple[int, ...] = BATCHES,
-    min_calls: int = 3,
-) -> dict[str, dict[str, float]]:
-    """Latency summary per variant and batch size; see ``measure_rounds``."""
-    timed = measure_rounds(paths, data, threads, rounds, seconds_per_round, batches, min_calls)
-    return {name: t.summary() for name, t in timed.items()}
 
 
 def measure_rounds(
