@@ -28,6 +28,7 @@ from milliserve.optimize.measure import (
     metric_function,
     predict,
     score,
+    static_batch,
 )
 from milliserve.optimize.openvino_variants import AccuracyControl
 from milliserve.optimize.progress import Progress, quiet
@@ -59,7 +60,9 @@ def _calibration(data: EvalSet, batch: int = 16, batches: int = 8) -> list[dict[
 
 def _subset(data: EvalSet, rows: int) -> EvalSet:
     return EvalSet(
-        {k: v[:rows] for k, v in data.inputs.items()}, None if data.labels is None else data.labels[:rows]
+        {k: v[:rows] for k, v in data.inputs.items()},
+        None if data.labels is None else data.labels[:rows],
+        data.fixed_batch,
     )
 
 
@@ -106,10 +109,10 @@ def optimize(
         _, key_batch = latency_parts(latency_key)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if key_batch not in batches:
-        raise ConfigError(
-            f"latency key {latency_key!r} needs batch {key_batch} among the timed batches {list(batches)}"
-        )
+    if rounds < 1 or final_rounds < 1 or finalists < 0:
+        raise ConfigError(f"rounds ({rounds}) and final rounds ({final_rounds}) must be at least 1")
+    if tolerance < 0 or threads < 1:
+        raise ConfigError(f"tolerance ({tolerance}) must be >= 0 and threads ({threads}) >= 1")
     src = load_source(source)
     data = load_arrays(eval_path)
     if src.torch is not None:
@@ -125,6 +128,22 @@ def optimize(
         assert src.onnx is not None
         fp32 = src.onnx
     check_inputs(fp32, data, f"EVAL {eval_path}")
+    fixed = static_batch(fp32)
+    if fixed is not None:  # a model exported with a fixed batch runs only at that batch size
+        batches = (fixed,)
+        if key_batch != fixed:
+            if latency_key != "p50_b1_us":
+                raise ConfigError(
+                    f"the model's batch size is fixed at {fixed}: use --latency p50_b{fixed}_us"
+                )
+            latency_key, key_batch = f"p50_b{fixed}_us", fixed
+        for d in (data, calib_data, train):
+            if d is not None:
+                d.fixed_batch = fixed
+    if key_batch not in batches:
+        raise ConfigError(
+            f"latency key {latency_key!r} needs batch {key_batch} among the timed batches {list(batches)}"
+        )
     if calib_data is not None:
         check_inputs(fp32, calib_data, f"calibration {calibration_path}")
     if train is not None:
@@ -146,7 +165,7 @@ def optimize(
     )
     control = AccuracyControl(data, metric, reference_out, reference, tolerance, budget_s)
     opts = Options(only, prune_amount, student, student_layers, train_config or TrainConfig())
-    calib = _calibration(calib_data) if calib_data else None
+    calib = _calibration(calib_data, batch=fixed or 16) if calib_data else None
     variants = build_variants(fp32, work, cpu, calib, only, progress, scorer, search=search, control=control)
     variants += torch_variants(src, work, cpu, train, opts, progress)
     variants += torch_compile_reference(src, only)
@@ -200,19 +219,17 @@ def optimize(
     selection = select(pool, reference, tolerance, latency_key, min_gain)
     chosen = selection.winner
     why = selection.reason
+    refused = ""
     if ship is not None:
-        forced = candidates.get(ship)
-        if forced is None or not forced.servable or forced.quality < reference - tolerance:
-            able = sorted(
-                n for n, c in candidates.items() if c.servable and c.quality >= reference - tolerance
+        refused = _cannot_ship(ship, variants, candidates, reference - tolerance)
+        if refused:
+            chosen, why = None, f"nothing shipped: {refused}"
+        else:
+            measured = chosen.name if chosen else "none"
+            chosen, why = (
+                candidates[ship],
+                f"{ship}: shipped as asked (--ship); the measured choice was {measured}",
             )
-            raise ConfigError(
-                f"--ship {ship!r}: it must be a built, servable variant within tolerance; those are {able}"
-            )
-        chosen, why = (
-            forced,
-            f"{ship}: shipped as asked (--ship); the measured choice was {chosen.name if chosen else 'none'}",
-        )
     report = OptimizeReport(
         str(source),
         metric,
@@ -259,7 +276,24 @@ def optimize(
         ship_variant(winner, fp32, output, suggest_batching(chosen.timing))
         report.output = str(output)
     write_reports(report, output)
+    if refused:  # the measurements are in the report; the request could not be honoured
+        raise ConfigError(refused)
     return report
+
+
+def _cannot_ship(ship: str, variants: list[Variant], candidates: dict[str, Candidate], floor: float) -> str:
+    """Why ``--ship NAME`` cannot be honoured, or "" when it can."""
+    variant = next((v for v in variants if v.name == ship), None)
+    if variant is None:
+        return f"--ship {ship!r}: no such variant; this run had {sorted(v.name for v in variants)}"
+    if variant.skipped:
+        return f"--ship {ship!r}: it was not built ({variant.skipped})"
+    c = candidates[ship]
+    if not c.servable:
+        return f"--ship {ship!r}: a reference row milliserve cannot serve"
+    if c.quality < floor:
+        return f"--ship {ship!r}: its quality {c.quality:.4f} is below FP32 minus the tolerance ({floor:.4f})"
+    return ""
 
 
 def _finalists(

@@ -31,6 +31,7 @@ BATCHES = (1, 8, 32)
 class EvalSet:
     inputs: Feeds
     labels: np.ndarray[Any, Any] | None = None
+    fixed_batch: int | None = None  # the model's static batch size: run in chunks of exactly this
 
     @property
     def rows(self) -> int:
@@ -49,6 +50,13 @@ def load_arrays(path: Path) -> EvalSet:
     labels = arrays.pop("labels", None)
     if not arrays:
         raise ConfigError(f"{path}: holds no input arrays")
+    if any(a.ndim == 0 or len(a) == 0 for a in arrays.values()):
+        raise ConfigError(f"{path}: every input array needs at least one row")
+    if labels is not None and (labels.ndim != 1 or labels.dtype.kind not in "iub"):
+        raise ConfigError(
+            f"{path}: 'labels' must be one integer class index per row (shape [rows]), "
+            f"got {labels.dtype} with shape {list(labels.shape)}"
+        )
     rows = {len(a) for a in arrays.values()}
     if len(rows) != 1 or (labels is not None and len(labels) not in rows):
         raise ConfigError(f"{path}: arrays disagree on the number of rows ({sorted(rows)})")
@@ -136,6 +144,15 @@ def check_inputs(path: Path, data: EvalSet, what: str) -> None:
     if set(wanted) != set(data.inputs):
         raise ConfigError(f"{what} has inputs {sorted(data.inputs)} but the model takes {sorted(wanted)}")
     for name, arr in data.inputs.items():
+        kind = wanted[name].type.removeprefix("tensor(").rstrip(")")
+        expected = {"float": "float32", "double": "float64", "float16": "float16", "bool": "bool"}.get(
+            kind, kind
+        )
+        if kind != "string" and str(arr.dtype) != expected:
+            raise ConfigError(
+                f"{what} input {name!r} holds {arr.dtype} but the model takes {expected}; "
+                f"save it as {expected} (numpy arrays default to float64 and int64)"
+            )
         dims = wanted[name].shape
         fixed = [(i, d) for i, d in enumerate(dims) if isinstance(d, int) and i > 0]
         if len(dims) != arr.ndim or any(arr.shape[i] != d for i, d in fixed):
@@ -145,13 +162,26 @@ def check_inputs(path: Path, data: EvalSet, what: str) -> None:
 
 
 def predict(path: Path | ModelRef, data: EvalSet, threads: int = 1, chunk: int = 256) -> np.ndarray[Any, Any]:
-    """The model's first output over the whole set, in chunks."""
+    """The model's first output over the whole set, in chunks (of exactly the model's static
+    batch size when it has one: the last chunk is padded with its last row, then trimmed)."""
     sess = _runner(path, threads)
+    chunk = data.fixed_batch or chunk
     outs = []
     for start in range(0, data.rows, chunk):
         feeds = {k: v[start : start + chunk] for k, v in data.inputs.items()}
-        outs.append(sess.run(None, feeds)[0])
+        short = chunk - len(next(iter(feeds.values())))
+        if data.fixed_batch and short:
+            feeds = {k: np.concatenate([v, np.repeat(v[-1:], short, axis=0)]) for k, v in feeds.items()}
+        out = sess.run(None, feeds)[0]
+        outs.append(out[: chunk - short] if data.fixed_batch else out)
     return np.concatenate(outs)
+
+
+def static_batch(path: Path) -> int | None:
+    """The batch size every input fixes in its first dimension, or None when it is dynamic."""
+    dims = {i.shape[0] if i.shape else None for i in _session(path, 1).get_inputs()}
+    fixed = [d for d in dims if isinstance(d, int) and d > 0]
+    return fixed[0] if fixed and len(dims) == 1 else None
 
 
 def metric_function(metric: str) -> Any:

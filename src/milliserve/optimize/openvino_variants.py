@@ -148,6 +148,8 @@ def _nncf_accuracy_control(source: Path, out: Path, calib: list[Feeds], control:
     import openvino as ov
 
     data, chunk = control.data, 64
+    if data.fixed_batch:
+        raise ValueError("NNCF accuracy control is not run on a model whose batch size is fixed")
     items = [
         ({k: v[i : i + chunk] for k, v in data.inputs.items()}, slice(i, i + chunk))
         for i in range(0, data.rows, chunk)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from milliserve.optimize.measure import BATCHES
+from milliserve.optimize.select import latency_parts
 from milliserve.plotting import pyplot
 
 __all__ = ["OptimizeReport", "write_reports"]
@@ -65,6 +66,7 @@ def write_reports(report: OptimizeReport, output: Path) -> None:
     output.mkdir(parents=True, exist_ok=True)
     (output / "report.json").write_text(json.dumps(_strict(report.as_dict()), indent=2, default=str))
     big = max(report.batches)
+    q, k = latency_parts(report.latency_key)  # the columns follow what was ranked on
     lines = [
         f"# Optimisation report: {report.source}",
         "",
@@ -73,11 +75,11 @@ def write_reports(report: OptimizeReport, output: Path) -> None:
         f"Metric: {report.metric} (FP32 {report.reference:.4f}), tolerance {report.tolerance}; "
         f"ranked on {report.latency_key}; shipped: **{report.winner or 'nothing'}**. {report.why}.",
         "",
-        "Speed-up is FP32's latency over the variant's at batch 1 (p50) with its 95% bootstrap interval "
-        "over the timing rounds; finalists (†) were re-timed head to head in "
+        f"Speed-up is FP32's latency over the variant's at batch {k} (p{q:.0f}) with its 95% bootstrap "
+        "interval over the timing rounds; finalists (†) were re-timed head to head in "
         f"{report.final_rounds} more interleaved rounds and show those figures.",
         "",
-        "| variant | runtime | quality | Δ vs FP32 | p50 b1 µs | p99 b1 µs | speed-up (95% CI) "
+        f"| variant | runtime | quality | Δ vs FP32 | p50 b{k} µs | p99 b{k} µs | speed-up (95% CI) "
         f"| p50 b{big} µs | b{big} items/s | size KiB | notes |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -94,7 +96,7 @@ def write_reports(report: OptimizeReport, output: Path) -> None:
         serve = "" if r.get("servable", True) else " (reference, not servable)"
         lines.append(
             f"| {r['name']}{mark} | {r.get('runtime', '')}{serve} | {r['quality']:.4f} | {r['delta']:+.4f} | "
-            f"{r.get('p50_b1_us', 0):.1f} | {r.get('p99_b1_us', 0):.1f} | {_ci(r)} | "
+            f"{r.get(f'p50_b{k}_us', 0):.1f} | {r.get(f'p99_b{k}_us', 0):.1f} | {_ci(r)} | "
             f"{r.get(f'p50_b{big}_us', 0):.1f} | {r.get(f'throughput_b{big}', 0):,.0f} | "
             f"{r['size_bytes'] / 1024:,.0f} | {r['note']} |"
         )
@@ -108,8 +110,8 @@ def write_reports(report: OptimizeReport, output: Path) -> None:
             "|---|---|---|---|",
         ]
         for s in r["search"]:
-            q = "-" if math.isnan(s["quality"]) else f"{s['quality']:.4f}"
-            lines.append(f"| {s['what']} | {s['kept_fp32']} | {q} | {s['seconds']:.1f} |")
+            shown = "-" if math.isnan(s["quality"]) else f"{s['quality']:.4f}"
+            lines.append(f"| {s['what']} | {s['kept_fp32']} | {shown} | {s['seconds']:.1f} |")
     (output / "report.md").write_text("\n".join(lines) + "\n")
     _plot(report, output / "pareto.png")
 

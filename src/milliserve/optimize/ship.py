@@ -28,6 +28,11 @@ def _tensors(source_onnx: Path) -> tuple[list[Any], list[Any], bool]:
     return specs_in, specs_out, batched
 
 
+def _quoted(text: str) -> str:
+    """A protobuf text-format string body: backslashes and double quotes escaped."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def config_pbtxt(name: str, source_onnx: Path, variant: Variant, batching: dict[str, Any]) -> str:
     from milliserve.protocol.datatypes import oip_to_config_type
 
@@ -35,14 +40,14 @@ def config_pbtxt(name: str, source_onnx: Path, variant: Variant, batching: dict[
 
     def tensors(specs: list[Any]) -> str:
         return ", ".join(
-            f'{{ name: "{s.name}" data_type: {oip_to_config_type(s.datatype)} '
+            f'{{ name: "{_quoted(s.name)}" data_type: {oip_to_config_type(s.datatype)} '
             f"dims: [ {', '.join(str(d) for d in (s.dims[1:] if batched else s.dims))} ] }}"
             for s in specs
         )
 
     openvino = variant.runtime == "openvino"
     lines = [
-        f'name: "{name}"',
+        f'name: "{_quoted(name)}"',
         'platform: "openvino"' if openvino else 'platform: "onnxruntime_onnx"',
         f"max_batch_size: {32 if batched else 0}",
         f"input [ {tensors(specs_in)} ]",

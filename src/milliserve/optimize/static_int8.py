@@ -259,11 +259,21 @@ def _searched(name: str, found: Any, what: str) -> Variant:
         + (", the rest by activation outliers" if found.ranked < found.candidates else "")
         + f"; {len(found.steps)} steps, {spent:.0f} s"
     )
-    if found.kept is None:
+    if found.kept is not None and len(found.kept) == found.candidates:
         return Variant(
             name,
             None,
-            skipped=f"no set of FP32 nodes reached tolerance within the budget ({how})",
+            skipped=f"only keeping all {found.candidates} weight nodes in FP32 restored tolerance: nothing "
+            f"would be left to quantize ({how})",
+            search=found.steps,
+        )
+    if found.kept is None:
+        tried_all = any(s.kept_fp32 == found.candidates for s in found.steps)
+        why = "no set of FP32 nodes reached tolerance" + ("" if tried_all else " within the budget")
+        return Variant(
+            name,
+            None,
+            skipped=f"{why} ({how})",
             search=found.steps,
         )
     return Variant(

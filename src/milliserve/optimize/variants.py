@@ -208,7 +208,13 @@ def dynamic_search(
     weight = QuantType.QInt8 if cpu.vnni else QuantType.QUInt8
     serial = iter(range(1, 1 << 30))
 
+    def also_rewritten(names: list[str]) -> list[str]:
+        # the dynamic quantizer first splits a Gemm into MatMul + Add named <gemm>_MatMul and
+        # matches exclusions against those names; list both so a Gemm (nn.Linear) is matched
+        return names + [f"{n}_MatMul" for n in names]
+
     def build(keep: list[str], only: str | None) -> Path:
+        keep, only_names = also_rewritten(keep), also_rewritten([only]) if only else None
         out = out_dir / f"{name}_{next(serial)}.onnx"
         with hushed():
             quantize_dynamic(
@@ -218,7 +224,7 @@ def dynamic_search(
                 weight_type=weight,
                 reduce_range=not cpu.vnni,
                 nodes_to_exclude=keep,
-                nodes_to_quantize=[only] if only else None,
+                nodes_to_quantize=only_names,
             )
         return out
 

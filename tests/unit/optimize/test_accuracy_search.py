@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from milliserve.optimize.accuracy_search import restore_search
@@ -54,7 +55,7 @@ def test_the_search_stops_at_its_budget(tmp_path: Path) -> None:
     assert time.monotonic() - started < 0.3 + 1.5  # one step may finish after the deadline
 
 
-def _outlier_mlp(path: Path) -> Path:
+def _outlier_mlp(path: Path, op: str = "MatMul") -> Path:
     """x[:, 0] is ~1000x the other features: dynamic INT8 of the first layer (one scale for
     the whole activation) rounds the other 31 features away; the later layers are harmless."""
     rng = np.random.default_rng(0)
@@ -66,11 +67,11 @@ def _outlier_mlp(path: Path) -> Path:
         numpy_helper.from_array(rng.standard_normal((64, 4)).astype(np.float32) * 0.15, "w3"),
     ]
     nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="layer1"),
+        helper.make_node(op, ["x", "w1"], ["h1"], name="layer1"),
         helper.make_node("Relu", ["h1"], ["r1"]),
-        helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="layer2"),
+        helper.make_node(op, ["r1", "w2"], ["h2"], name="layer2"),
         helper.make_node("Relu", ["h2"], ["r2"]),
-        helper.make_node("MatMul", ["r2", "w3"], ["logits"], name="layer3"),
+        helper.make_node(op, ["r2", "w3"], ["logits"], name="layer3"),
     ]
     graph = helper.make_graph(
         nodes,
@@ -83,8 +84,9 @@ def _outlier_mlp(path: Path) -> Path:
     return path
 
 
-def test_dynamic_int8_out_of_tolerance_keeps_the_damaging_layer_in_fp32(tmp_path: Path) -> None:
-    source = _outlier_mlp(tmp_path / "mlp.onnx")
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])  # Gemm: what nn.Linear exports to
+def test_dynamic_int8_out_of_tolerance_keeps_the_damaging_layer_in_fp32(tmp_path: Path, op: str) -> None:
+    source = _outlier_mlp(tmp_path / "mlp.onnx", op)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((600, 32)).astype(np.float32)
     x[:, 0] *= 1000
