@@ -52,6 +52,13 @@ def load_arrays(path: Path) -> EvalSet:
         raise ConfigError(f"{path}: holds no input arrays")
     if any(a.ndim == 0 or len(a) == 0 for a in arrays.values()):
         raise ConfigError(f"{path}: every input array needs at least one row")
+    if (
+        labels is not None
+        and labels.dtype.kind == "f"
+        and labels.ndim == 1
+        and np.all(labels == np.round(labels))
+    ):
+        labels = labels.astype(np.int64)  # whole numbers saved as floats (pandas does this)
     if labels is not None and (labels.ndim != 1 or labels.dtype.kind not in "iub"):
         raise ConfigError(
             f"{path}: 'labels' must be one integer class index per row (shape [rows]), "
