@@ -46,9 +46,11 @@ class SearchResult:
 def damage_on(data: EvalSet, reference: np.ndarray, threads: int = 1) -> Callable[[Path | ModelRef], float]:
     """Mean squared difference from the FP32 outputs on ``data`` (lower is better)."""
 
+    expected = reference.astype(np.float64)
+
     def damage(model: Path | ModelRef) -> float:
         out = predict(model, data, threads).astype(np.float64)
-        return float(np.mean((out - reference.astype(np.float64)) ** 2))
+        return float(np.mean((out - expected) ** 2))
 
     return damage
 
@@ -89,13 +91,10 @@ def restore_search(
     result.ranked = len(damage_of)
     ranked = sorted(damage_of, key=lambda n: -damage_of[n]) + [n for n in nodes if n not in damage_of]
 
-    tried: dict[int, float] = {}
-
     def attempt(k: int) -> bool:
         t0 = time.monotonic()
         path = build(ranked[:k], None)
         quality = score(path)
-        tried[k] = quality
         steps.append(SearchStep(f"keep the {k} worst in FP32", k, quality, time.monotonic() - t0))
         if quality >= target and (result.kept is None or k < len(result.kept)):
             result.kept, result.path, result.quality = ranked[:k], path, quality

@@ -163,7 +163,7 @@ def optimize(
     search = SearchContext(
         scorer, damage_on(quick, reference_out[: quick.rows], threads), reference - tolerance, budget_s
     )
-    control = AccuracyControl(data, metric, reference_out, reference, tolerance, budget_s)
+    control = AccuracyControl(data, metric, reference_out, reference, tolerance)
     opts = Options(only, prune_amount, student, student_layers, train_config or TrainConfig())
     calib = _calibration(calib_data, batch=fixed or 16) if calib_data else None
     variants = build_variants(fp32, work, cpu, calib, only, progress, scorer, search=search, control=control)
@@ -195,8 +195,11 @@ def optimize(
         if "fp32" in timed
         else {}
     )
-    final = _finalists(candidates, reference, tolerance, latency_key, finalists)
-    if final and "fp32" in candidates:
+    # finalists are re-timed against FP32, so only when FP32 was timed (not with --variant minus fp32)
+    final = (
+        _finalists(candidates, reference, tolerance, latency_key, finalists) if "fp32" in candidates else []
+    )
+    if final:
         progress.stage(f"re-timing the finalists head to head: {', '.join(final)}")
         with progress.steps("re-timing finalists", final_rounds) as advance:
             again = measure_rounds(
@@ -211,11 +214,7 @@ def optimize(
         for n, t in again.items():
             candidates[n].rounds = {key_batch: t.rounds[key_batch]}
             candidates[n].timing = {**candidates[n].timing, **t.summary()}
-    pool = (
-        [candidates[n] for n in ["fp32", *final]]
-        if final and "fp32" in candidates
-        else list(candidates.values())
-    )
+    pool = [candidates[n] for n in ["fp32", *final]] if final else list(candidates.values())
     selection = select(pool, reference, tolerance, latency_key, min_gain)
     chosen = selection.winner
     why = selection.reason
@@ -240,7 +239,7 @@ def optimize(
         reference,
         pareto=pareto_front(list(candidates.values()), selection.key),
         batches=list(batches),
-        finalists=final if "fp32" in candidates else [],
+        finalists=final,
         final_rounds=final_rounds,
         why=why,
     )

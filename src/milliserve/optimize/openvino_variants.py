@@ -35,10 +35,9 @@ class AccuracyControl:
         reference: np.ndarray,
         quality: float,
         tolerance: float,
-        budget_s: float,
     ) -> None:
         self.data, self.metric, self.reference = data, metric, reference
-        self.quality, self.tolerance, self.budget_s = quality, tolerance, budget_s
+        self.quality, self.tolerance = quality, tolerance
 
 
 def _bert_like(model: Path) -> bool:

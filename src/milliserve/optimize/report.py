@@ -35,7 +35,6 @@ class OptimizeReport:
     batches: list[int] = field(default_factory=lambda: list(BATCHES))
     finalists: list[str] = field(default_factory=list)
     final_rounds: int = 0
-    clamped: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

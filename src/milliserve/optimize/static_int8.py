@@ -5,6 +5,7 @@ runs on a copy of the graph whose infinite constants are clamped (``graph_prep``
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,14 @@ from milliserve.optimize.graph_prep import clamp_nonfinite, preprocessed
 from milliserve.optimize.progress import Progress, hushed, quiet
 from milliserve.optimize.variant import Feeds, Scorer, Variant
 
-__all__ = ["STATIC_METHODS", "SearchContext", "quantizable_nodes", "sensitive_nodes", "static_search"]
+__all__ = [
+    "STATIC_METHODS",
+    "SearchContext",
+    "quantizable_nodes",
+    "searched_variant",
+    "sensitive_nodes",
+    "static_search",
+]
 
 log = logging.getLogger(__name__)
 STATIC_METHODS = ("MinMax", "Entropy", "Percentile")
@@ -143,13 +151,6 @@ class SearchContext:
         self.budget_s = budget_s
 
 
-def _counter() -> Iterator[int]:
-    n = 0
-    while True:
-        n += 1
-        yield n
-
-
 def static_search(
     source: Path,
     out_dir: Path,
@@ -220,7 +221,7 @@ def static_search(
     if search is None or quality[base] >= search.target or search.budget_s <= 0:
         return variants
     chosen = subsets[base]
-    serial = _counter()
+    serial = itertools.count(1)
 
     def build(keep: list[str], only: str | None) -> Path:
         out = out_dir / f"{base}_search_{next(serial)}.onnx"
@@ -243,7 +244,7 @@ def static_search(
         build, nodes, search.score, search.damage, search.target, search.budget_s, progress, f"{base}_acc"
     )
     variants.append(
-        _searched(
+        searched_variant(
             f"{base}_acc",
             found,
             f"static INT8 (QDQ), {method}" + (f", only {'/'.join(chosen)}" if chosen else "") + clamp_note,
@@ -252,7 +253,7 @@ def static_search(
     return variants
 
 
-def _searched(name: str, found: Any, what: str) -> Variant:
+def searched_variant(name: str, found: Any, what: str) -> Variant:
     spent = sum(s.seconds for s in found.steps)
     how = (
         f"{found.ranked} of {found.candidates} nodes ranked by measured damage"

@@ -9,6 +9,7 @@ failing never stops the others.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from milliserve.optimize.cpu import CpuInfo
 from milliserve.optimize.graph_prep import preprocessed
 from milliserve.optimize.openvino_variants import AccuracyControl, openvino_variants
 from milliserve.optimize.progress import Progress, hushed, quiet
-from milliserve.optimize.static_int8 import SearchContext, _searched, quantizable_nodes, static_search
+from milliserve.optimize.static_int8 import SearchContext, quantizable_nodes, searched_variant, static_search
 from milliserve.optimize.variant import Feeds, Scorer, Skip, Variant
 
 __all__ = ["Variant", "build_variants", "wanted_by"]
@@ -206,7 +207,7 @@ def dynamic_search(
 
     pre = preprocessed(base, out_dir / f"{name}.onnx")
     weight = QuantType.QInt8 if cpu.vnni else QuantType.QUInt8
-    serial = iter(range(1, 1 << 30))
+    serial = itertools.count(1)
 
     def also_rewritten(names: list[str]) -> list[str]:
         # the dynamic quantizer first splits a Gemm into MatMul + Add named <gemm>_MatMul and
@@ -239,7 +240,7 @@ def dynamic_search(
         progress,
         name,
     )
-    return _searched(name, found, "dynamic INT8")
+    return searched_variant(name, found, "dynamic INT8")
 
 
 def build_variants(
