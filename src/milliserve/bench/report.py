@@ -5,14 +5,15 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from milliserve.bench.results import LevelResult
-from milliserve.bench.runner import BenchReport
+from milliserve.bench.runner import DEFAULT_WORKERS, BenchReport
 
-__all__ = ["print_report", "write_csv", "write_json"]
+__all__ = ["client_line", "print_report", "write_csv", "write_json"]
 
 CSV_COLUMNS = [
     "target",
@@ -53,6 +54,17 @@ def _row(lv: LevelResult) -> list[str]:
     ]
 
 
+def client_line(machine: dict[str, Any]) -> str:
+    """Which load the client itself put on the machine: its process count, said every run
+    because on a small machine each client process takes a core from the server."""
+    n, cores = machine["client_workers"], machine["cores"]
+    default = " (the default; --workers N for more)" if n == DEFAULT_WORKERS else ""
+    return (
+        f"client: {n} load-generating process{'es' if n > 1 else ''}{default} on a {cores}-core machine; "
+        "when the server runs here too, they share the cores"
+    )
+
+
 def print_report(report: BenchReport, console: Console) -> None:
     c = report.config
     kind = "closed loop" if c.concurrency else ("Poisson" if c.poisson else "constant") + " open loop"
@@ -78,6 +90,7 @@ def print_report(report: BenchReport, console: Console) -> None:
     for lv in report.levels:
         table.add_row(*_row(lv))
     console.print(table)
+    console.print(client_line(report.machine))
     if report.calibration:
         cal = report.calibration
         console.print(
@@ -97,7 +110,8 @@ def print_report(report: BenchReport, console: Console) -> None:
         if lv.late_sends:
             console.print(
                 f"[yellow]{lv.label}: {lv.late_sends} sends left more than 2 ms after their schedule "
-                f"(p99 lateness {lv.late_send_p99_ms:.2f} ms); the generator could not keep up[/yellow]"
+                f"(p99 lateness {lv.late_send_p99_ms:.2f} ms); the generator could not keep up "
+                f"with {c.workers} client process(es): try --workers {c.workers + 1}[/yellow]"
             )
         for st in lv.stalls:
             console.print(

@@ -21,9 +21,23 @@ from milliserve.bench.server_metrics import scrape, server_split
 from milliserve.bench.workload import Workload, build_workload, parse_target
 from milliserve.errors import ConfigError
 
-__all__ = ["BenchConfig", "BenchReport", "run_bench"]
+__all__ = ["DEFAULT_WORKERS", "BenchConfig", "BenchReport", "client_workers", "run_bench"]
 
 Progress = Callable[[str, float], None]  # (what is running, its planned seconds)
+
+# One load-generating process unless asked for more. On a small machine the client shares
+# the cores with the server it measures: at 1000 req/s on 2 vCPUs, one process per core
+# (2) read p50 633-790 µs where one read 448-490 µs and a minimal busy-wait client
+# ~380 µs (docs/bench.md, "Which clock is right"). More processes are for rates that one
+# cannot send on time, which the late-send count reports.
+DEFAULT_WORKERS = 1
+
+
+def client_workers(requested: int) -> int:
+    """The number of client processes to run: ``requested``, or DEFAULT_WORKERS for 0."""
+    if requested < 0:
+        raise ConfigError(f"--workers must be >= 0 (0 for the default of {DEFAULT_WORKERS}), got {requested}")
+    return requested or DEFAULT_WORKERS
 
 
 @dataclass
@@ -44,7 +58,7 @@ class BenchConfig:
     shapes: dict[str, list[int]] = field(default_factory=dict)
     binary: bool = True
     split_writes: bool = False  # HTTP: head and body in two sends, like libcurl
-    workers: int = 0  # 0: one per core
+    workers: int = 0  # 0: DEFAULT_WORKERS (see client_workers)
     metrics_url: str | None = None
     compare_url: str | None = None
     rounds: int = 3
@@ -219,8 +233,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
     target = parse_target(cfg.url)
     workload = build_workload(target, cfg.model, cfg.version, cfg.batch, cfg.data, cfg.shapes, cfg.binary)
     workload.split_writes = cfg.split_writes
-    workers = cfg.workers or max(1, min(os.cpu_count() or 1, 4))
-    cfg.workers = workers
+    workers = cfg.workers = client_workers(cfg.workers)
     pools: list[tuple[WorkerPool, str | None, Workload]] = [
         (WorkerPool(workload, workers), cfg.metrics_url, workload)
     ]

@@ -352,7 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="HTTP: send each request's head and body in two writes, as libcurl (perf_analyzer) does",
     )
-    b.add_argument("--workers", type=int, default=0, help="client processes (default: one per core, up to 4)")
+    b.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="client processes (default 1: each one takes a core from a server on the same machine; "
+        "add more only when the late-send warning says one cannot keep up)",
+    )
     b.add_argument("--metrics-url", default=None, help="server Prometheus endpoint, for queue/compute split")
     b.add_argument("--compare", default=None, metavar="URL2", help="run URL2 too, A B A B, and print ratios")
     b.add_argument("--rounds", type=int, default=3, help="rounds per target with --compare (default 3)")
