@@ -19,6 +19,8 @@ and what was expected.
     ├── QueueTimeoutError            the request expired in the queue (HTTP 504 / DEADLINE_EXCEEDED)
     ├── DeadlineUnmeetableError      the request cannot finish before its deadline, so it is not run
     │                                (HTTP 429 / DEADLINE_EXCEEDED)
+    ├── OverBudgetError              a generation's first token cannot come within the model's
+    │                                budget (ttft_ms) given the queue (HTTP 429 / RESOURCE_EXHAUSTED)
     ├── ModelControlDisabledError    the repository API is off (HTTP 403 / PERMISSION_DENIED)
     ├── MissingDependencyError       an optional package a command needs is not installed
     └── BackendError                 the backend failed while loading or running (HTTP 500 / INTERNAL)
@@ -37,6 +39,7 @@ __all__ = [
     "ModelControlDisabledError",
     "ModelNotReadyError",
     "NotFoundError",
+    "OverBudgetError",
     "QueueFullError",
     "QueueTimeoutError",
     "RequestError",
@@ -118,3 +121,7 @@ class MissingDependencyError(MilliserveError):
 
 class BackendError(MilliserveError):
     """The backend failed to load a model or to run a batch."""
+
+
+class OverBudgetError(MilliserveError):
+    """Admission refused: the estimated time to first token is over the model's budget."""

@@ -41,6 +41,7 @@ _TABLE: dict[type[BaseException], ErrorStatus] = {
     e.QueueFullError: ErrorStatus(503, "UNAVAILABLE", "QUEUE_FULL"),
     e.QueueTimeoutError: ErrorStatus(504, "DEADLINE_EXCEEDED", "TIMEOUT"),
     e.DeadlineUnmeetableError: ErrorStatus(429, "DEADLINE_EXCEEDED", "DEADLINE"),
+    e.OverBudgetError: ErrorStatus(429, "RESOURCE_EXHAUSTED", "BUDGET"),
     e.ModelControlDisabledError: ErrorStatus(403, "PERMISSION_DENIED", "REJECTED"),
     e.BackendError: INTERNAL,
     asyncio.CancelledError: ErrorStatus(499, "CANCELLED", "CANCELED"),

@@ -67,6 +67,7 @@ class _Builtin:
 _BUILTIN: dict[str, _Builtin] = {
     "onnxruntime": _Builtin(("onnxruntime_onnx",), "model.onnx", "milliserve.backends.onnxruntime:FACTORY"),
     "openvino": _Builtin(("openvino",), "model.xml", "milliserve.backends.openvino:FACTORY"),
+    "llama_cpp": _Builtin(("llama_cpp",), "model.gguf", "milliserve.backends.llama_cpp:FACTORY"),
 }
 _registered: dict[str, BackendFactory] = {}
 

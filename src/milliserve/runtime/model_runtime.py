@@ -149,7 +149,7 @@ class ModelRuntime(RoadServable):
             raise ConfigError(str(exc)) from None
         self.batcher = self.execute.batcher
         self.colocated = False  # whether its workers share the event loop's CPU (set by load)
-        budget_s = config.budget.p99_ms / 1000 if config.budget is not None else None
+        budget_s = config.budget.p99_ms / 1000 if config.budget is not None and config.budget.p99_ms else None
         rc = config.response_cache
         cache = caches.make(rc.enable, rc.backend, rc.ttl_s, rc.max_bytes) if rc is not None else None
         stages: list[Stage | Around] = [

@@ -15,7 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BATCH_BUCKETS", "LATENCY_BUCKETS", "Duration", "HistogramData", "ModelStats"]
+__all__ = [
+    "BATCH_BUCKETS",
+    "LATENCY_BUCKETS",
+    "Duration",
+    "GenerationStats",
+    "HistogramData",
+    "ModelStats",
+]
 
 LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
@@ -68,6 +75,35 @@ def _latency() -> HistogramData:
     return HistogramData(LATENCY_BUCKETS)
 
 
+TOKEN_BUCKETS = (1.0, 4.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0)
+
+
+@dataclass(slots=True)
+class GenerationStats:
+    """What a generative model records besides requests: the engine thread writes the
+    counters and histograms (single writer; a scrape reads them as they are), and
+    ``running``/``waiting``/``kv`` are read from the engine when scraped."""
+
+    ttft_hist: HistogramData = field(default_factory=_latency)
+    itl_hist: HistogramData = field(default_factory=_latency)
+    e2e_hist: HistogramData = field(default_factory=_latency)
+    queue_hist: HistogramData = field(default_factory=_latency)
+    prompt_tokens_hist: HistogramData = field(default_factory=lambda: HistogramData(TOKEN_BUCKETS))
+    output_tokens_hist: HistogramData = field(default_factory=lambda: HistogramData(TOKEN_BUCKETS))
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # by finish reason (stop, length, abort, ...)
+    refused_budget: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    steps: int = 0
+    running: Callable[[], int] = lambda: 0
+    waiting: Callable[[], int] = lambda: 0
+    kv_tokens: Callable[[], int] = lambda: 0
+    kv_capacity: int = 0
+
+
 @dataclass(slots=True)
 class ModelStats:
     """Counters and durations of one model version."""
@@ -103,6 +139,8 @@ class ModelStats:
     stage_hist: dict[str, HistogramData] = field(default_factory=dict)
     # budget-driven batching: the current (batch cap, queue delay in s), when it is on
     batching: Callable[[], tuple[int, float]] | None = None
+    # generative models only
+    generation: GenerationStats | None = None
     load_s: float = 0.0
     warmup_s: float = 0.0
     first_request_s: float | None = None

@@ -746,7 +746,7 @@ class ModelPythonStep(_message.Message):
     def __init__(self, function: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ModelBudget(_message.Message):
-    __slots__ = ("p99_ms", "stages")
+    __slots__ = ("p99_ms", "stages", "ttft_ms", "itl_ms")
     class StagesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -756,9 +756,13 @@ class ModelBudget(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     P99_MS_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    ITL_MS_FIELD_NUMBER: _ClassVar[int]
     p99_ms: float
     stages: _containers.ScalarMap[str, float]
-    def __init__(self, p99_ms: _Optional[float] = ..., stages: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    ttft_ms: float
+    itl_ms: float
+    def __init__(self, p99_ms: _Optional[float] = ..., stages: _Optional[_Mapping[str, float]] = ..., ttft_ms: _Optional[float] = ..., itl_ms: _Optional[float] = ...) -> None: ...
 
 class ModelResponseCache(_message.Message):
     __slots__ = ("enable", "ttl_s", "max_bytes", "backend")

@@ -31,6 +31,7 @@ from milliserve.protocol.json_codec import (
 from milliserve.road import Offload
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
+from milliserve.server.http.generate import GenerateRoutes
 from milliserve.status import status_of
 
 __all__ = ["HttpApp"]
@@ -71,12 +72,26 @@ class HttpApp:
         self.auth = auth or Auth(None)
         self._offload = offload
         self._metrics = metrics  # /metrics here too, so tools need not know the metrics port
+        self.generate = GenerateRoutes(dataplane, self._read_body)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        parts = scope["path"].strip("/").split("/")
+        if GenerateRoutes.handles(scope["method"], parts):
+            try:
+                self.auth.check(scope["headers"], "api")
+            except MilliserveError as exc:
+                body = encode_json({"error": {"message": exc.message, "type": "authentication_error"}})
+                headers = [_JSON, (b"content-length", str(len(body)).encode())]
+                headers.append((b"www-authenticate", b'Bearer realm="milliserve"'))
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await self.generate(scope, receive, send, parts)
             return
         try:
             status, body, headers = await self._route(scope, receive)

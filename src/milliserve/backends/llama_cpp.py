@@ -1,0 +1,385 @@
+"""llama.cpp backend for generative models: a version folder holds ``model.gguf``
+(``platform: "llama_cpp"`` or ``backend: "llama_cpp"``).
+
+This module is the only one that calls llama.cpp (through llama-cpp-python's ctypes
+bindings, the low-level API only). It offers the token-level operations the
+continuous-batching engine (``milliserve.llm.engine``) needs: tokenize, detokenize,
+one ``llama_decode`` over a batch holding tokens of many sequences, per-sequence
+samplers, and KV-cache edits (remove, copy). Like every backend it is blocking code
+that knows nothing of asyncio; one engine thread owns a context.
+
+Config ``parameters`` understood here (string values):
+
+=======================  ==================================================================
+``n_threads``            threads of a step that decodes one token (default 1: on a small
+                         shared machine more threads spin against other processes)
+``n_threads_batch``      threads of a step with several tokens: prefill chunks and batched
+                         decoding (default: the cores, at most 4)
+``n_ctx``                context length of each sequence (default 2048)
+``max_sequences``        sequences decoded together (default 8); more wait in the queue
+``step_tokens``          tokens one step may decode, prompt chunks included (default 256):
+                         a long prompt is prefilled in chunks so it does not stall the others
+``prefix_cache_slots``   shared prompt prefixes kept in the KV cache (default 2; 0: off)
+``min_prefix_tokens``    shortest prefix worth reusing (default 16)
+``speculative``          ``ngram`` (prompt lookup, default), ``off``, or a path to a draft
+                         GGUF of the same vocabulary (relative to the version folder)
+``draft_tokens``         tokens drafted per step (default 6)
+``speculate_below``      speculate only while fewer sequences than this run (default 3)
+``kv_unified``           ``true``: one KV buffer shared by all sequences (llama.cpp's
+                         unified cache; default ``false``: one buffer per sequence)
+``max_queue``            requests waiting for a free sequence before 503 (default 64)
+=======================  ==================================================================
+
+llama-cpp-python is an optional dependency: ``pip install 'milliserve[llm]'``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from milliserve.config.model_config import ModelConfig
+from milliserve.errors import BackendError, ConfigError
+
+__all__ = [
+    "FACTORY",
+    "KNOWN_PARAMETERS",
+    "LlamaCppFactory",
+    "LlamaModel",
+    "LlmOptions",
+    "SamplerSpec",
+    "parse_llm_options",
+]
+
+INSTALL_HINT = "pip install 'milliserve[llm]'"
+KNOWN_PARAMETERS = frozenset(
+    {
+        "n_threads",
+        "n_threads_batch",
+        "n_ctx",
+        "max_sequences",
+        "step_tokens",
+        "prefix_cache_slots",
+        "min_prefix_tokens",
+        "speculative",
+        "draft_tokens",
+        "speculate_below",
+        "kv_unified",
+        "max_queue",
+    }
+)
+# llama.cpp log levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation; warnings and errors pass
+_LOG_WARN = 3
+_init_lock = threading.Lock()
+_initialised: dict[str, Any] = {}
+
+
+def _llama(error: type[Exception] = BackendError) -> ModuleType:
+    """llama-cpp-python's low-level module, with its log routed to ours (once)."""
+    with _init_lock:
+        if "module" in _initialised:
+            found: ModuleType = _initialised["module"]
+            return found
+        try:
+            mod = importlib.import_module("llama_cpp.llama_cpp")
+        except ImportError as exc:
+            raise error(f"the llama_cpp backend needs llama-cpp-python: {INSTALL_HINT} ({exc})") from None
+        import logging
+
+        log = logging.getLogger("milliserve.llama_cpp")
+
+        @mod.llama_log_callback  # type: ignore[untyped-decorator]
+        def _log(level: int, text: bytes, _user: Any) -> None:
+            if level >= _LOG_WARN and level != 5 and text:  # 5: continuation of a line
+                log.warning("llama.cpp: %s", text.decode(errors="replace").rstrip())
+
+        mod.llama_log_set(_log, ctypes.c_void_p(0))
+        mod.llama_backend_init()
+        _initialised["module"] = mod
+        _initialised["log"] = _log  # keep the callback alive
+        return mod
+
+
+@dataclass(frozen=True, slots=True)
+class LlmOptions:
+    """The parsed ``parameters`` of a generative model."""
+
+    n_threads: int = 1
+    n_threads_batch: int = 2
+    n_ctx: int = 2048
+    max_sequences: int = 8
+    step_tokens: int = 256
+    prefix_cache_slots: int = 2
+    min_prefix_tokens: int = 16
+    speculative: str = "ngram"
+    draft_tokens: int = 6
+    speculate_below: int = 3
+    kv_unified: bool = False
+    max_queue: int = 64
+
+
+def parse_llm_options(config: ModelConfig) -> LlmOptions:
+    """``parameters`` -> LlmOptions; ConfigError naming the parameter for a bad value."""
+    params = config.parameters
+    unknown = sorted(set(params) - KNOWN_PARAMETERS)
+    if unknown:
+        raise ConfigError(
+            f"field 'parameters': {unknown} are not llama_cpp parameters; use {sorted(KNOWN_PARAMETERS)}"
+        )
+
+    def whole(key: str, default: int, low: int, high: int = 1 << 30) -> int:
+        raw = params.get(key)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise ConfigError(f"field 'parameters.{key}': {raw!r} is not a whole number in [{low}, {high}]")
+        return value
+
+    cores = os.cpu_count() or 1
+    spec = params.get("speculative", "ngram").strip()
+    unified = params.get("kv_unified", "false").lower()
+    if unified not in ("true", "false", "1", "0"):
+        raise ConfigError(f"field 'parameters.kv_unified': {unified!r} is not true or false")
+    return LlmOptions(
+        n_threads=whole("n_threads", 1, 1, 256),
+        n_threads_batch=whole("n_threads_batch", min(cores, 4), 1, 256),
+        n_ctx=whole("n_ctx", 2048, 64, 1 << 20),
+        max_sequences=whole("max_sequences", 8, 1, 256),
+        step_tokens=whole("step_tokens", 256, 16, 1 << 16),
+        prefix_cache_slots=whole("prefix_cache_slots", 2, 0, 64),
+        min_prefix_tokens=whole("min_prefix_tokens", 16, 1),
+        speculative=spec,
+        draft_tokens=whole("draft_tokens", 6, 1, 64),
+        speculate_below=whole("speculate_below", 3, 0, 256),
+        kv_unified=unified in ("true", "1"),
+        max_queue=whole("max_queue", 64, 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerSpec:
+    """How one sequence picks its tokens (OpenAI's names)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+
+class LlamaModel:
+    """One GGUF model and one context with ``n_seq`` sequence slots. Not thread-safe: the
+    engine thread is the only caller after ``__init__``."""
+
+    def __init__(self, path: Path, options: LlmOptions, n_seq: int) -> None:
+        C = self._C = _llama()
+        if not path.is_file():
+            raise BackendError(f"{path}: no such GGUF file")
+        mp = C.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        model = C.llama_model_load_from_file(str(path).encode(), mp)
+        if not model:
+            raise BackendError(f"{path}: llama.cpp could not load this GGUF file")
+        self.model = model
+        self.vocab = C.llama_model_get_vocab(model)
+        self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(C.llama_model_n_ctx_train(model))
+        self.n_seq = n_seq
+        self.n_ctx_seq = options.n_ctx
+        self.batch_capacity = max(
+            options.step_tokens + options.max_sequences * (options.draft_tokens + 1), options.n_ctx
+        )
+        cp = C.llama_context_default_params()
+        cp.n_ctx = options.n_ctx * n_seq
+        cp.n_batch = self.batch_capacity
+        cp.n_ubatch = min(512, self.batch_capacity)
+        cp.n_seq_max = n_seq
+        cp.n_threads = options.n_threads
+        cp.n_threads_batch = options.n_threads_batch
+        cp.kv_unified = options.kv_unified
+        cp.no_perf = True
+        ctx = C.llama_init_from_model(model, cp)
+        if not ctx:
+            C.llama_model_free(model)
+            raise BackendError(
+                f"{path}: llama.cpp could not create a context of {n_seq} x {options.n_ctx} tokens"
+            )
+        self.ctx = ctx
+        self.mem = C.llama_get_memory(ctx)
+        self.threads = (options.n_threads, options.n_threads_batch)
+        self._batch = C.llama_batch_init(self.batch_capacity, 0, 1)
+        self._piece = ctypes.create_string_buffer(256)
+        self._tok_buf = (C.llama_token * 4096)()
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self.bos_text = self.token_text(int(C.llama_vocab_bos(self.vocab)))
+        self.eos_text = self.token_text(int(C.llama_vocab_eos(self.vocab)))
+        self.chat_template = self.meta("tokenizer.chat_template")
+        self.description = self.meta("general.name") or path.stem
+
+    # ---- metadata and text ----
+    def meta(self, key: str) -> str | None:
+        C = self._C
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = C.llama_model_meta_val_str(self.model, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode(errors="replace")
+            size = n + 1
+
+    def token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self.piece(token, special=True).decode(errors="replace")
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        C = self._C
+        raw = text.encode()
+        buf, cap = self._tok_buf, len(self._tok_buf)
+        n = C.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+            if n < 0:
+                raise BackendError("llama.cpp could not tokenize the prompt")
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        C = self._C
+        buf = self._piece
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._C.llama_vocab_is_eog(self.vocab, token))
+
+    # ---- decoding ----
+    def set_threads(self, n: int, n_batch: int) -> None:
+        if (n, n_batch) != self.threads:
+            self._C.llama_set_n_threads(self.ctx, n, n_batch)
+            self.threads = (n, n_batch)
+
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[int], logits: list[bool]) -> None:
+        """One ``llama_decode`` of ``len(tokens)`` entries (token, position, sequence, whether
+        its logits are wanted). Logits of entry i are then read by ``sample(.., i)``."""
+        b = self._batch
+        n = len(tokens)
+        if n > self.batch_capacity:
+            raise BackendError(f"a step of {n} tokens is over the batch capacity {self.batch_capacity}")
+        tok, ps, nseq, sid, lg = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+        for i in range(n):
+            tok[i] = tokens[i]
+            ps[i] = pos[i]
+            nseq[i] = 1
+            sid[i][0] = seqs[i]
+            lg[i] = logits[i]
+        b.n_tokens = n
+        rc = self._C.llama_decode(self.ctx, b)
+        if rc != 0:
+            # 1: no KV slot for the batch; <0: error. Either way the step's KV writes are void.
+            raise BackendError(f"llama_decode failed with code {rc} on a step of {n} tokens")
+
+    # ---- sampling ----
+    def new_sampler(self, spec: SamplerSpec) -> Any:
+        C = self._C
+        sp = C.llama_sampler_chain_default_params()
+        sp.no_perf = True
+        chain = C.llama_sampler_chain_init(sp)
+        add = C.llama_sampler_chain_add
+        if spec.repetition_penalty != 1.0 or spec.frequency_penalty or spec.presence_penalty:
+            add(
+                chain,
+                C.llama_sampler_init_penalties(
+                    64, spec.repetition_penalty, spec.frequency_penalty, spec.presence_penalty
+                ),
+            )
+        if spec.temperature <= 0.0:
+            add(chain, C.llama_sampler_init_greedy())
+            return chain
+        if spec.top_k > 0:
+            add(chain, C.llama_sampler_init_top_k(spec.top_k))
+        if spec.top_p < 1.0:
+            add(chain, C.llama_sampler_init_top_p(spec.top_p, 1))
+        add(chain, C.llama_sampler_init_temp(spec.temperature))
+        seed = C.LLAMA_DEFAULT_SEED if spec.seed is None else spec.seed & 0xFFFFFFFF
+        add(chain, C.llama_sampler_init_dist(seed))
+        return chain
+
+    def accept(self, sampler: Any, token: int) -> None:
+        """Feed a prompt token to the sampler's history (for the repetition penalties)."""
+        self._C.llama_sampler_accept(sampler, token)
+
+    def sample(self, sampler: Any, index: int) -> int:
+        """Pick a token from the logits of batch entry ``index`` (and accept it)."""
+        return int(self._C.llama_sampler_sample(sampler, self.ctx, index))
+
+    def free_sampler(self, sampler: Any) -> None:
+        self._C.llama_sampler_free(sampler)
+
+    # ---- KV cache ----
+    def seq_remove(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Drop sequence ``seq``'s KV in [p0, p1) (-1: open ends)."""
+        return bool(self._C.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_copy(self, src: int, dst: int, keep: int) -> None:
+        """Make ``dst`` hold the first ``keep`` positions of ``src``'s KV."""
+        C = self._C
+        C.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+        C.llama_memory_seq_rm(self.mem, dst, keep, -1)
+
+    def close(self) -> None:
+        C = self._C
+        if self.ctx:
+            C.llama_batch_free(self._batch)
+            C.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            C.llama_model_free(self.model)
+            self.model = None
+
+
+class LlamaCppFactory:
+    """The registry's entry for GGUF models. ``generative``: the repository builds a
+    ``GenerativeServable`` around ``load_model`` instead of a tensor runtime."""
+
+    name = "llama_cpp"
+    platforms = ("llama_cpp",)
+    model_filename = "model.gguf"
+    generative = True
+
+    def options(self, config: ModelConfig) -> LlmOptions:
+        return parse_llm_options(config)
+
+    def threads(self, options: LlmOptions) -> int:
+        return options.n_threads_batch
+
+    def gpu_available(self) -> bool:
+        return False
+
+    def load_model(self, model_path: Path, options: LlmOptions, n_seq: int) -> LlamaModel:
+        return LlamaModel(model_path, options, n_seq)
+
+    def create(self, model_path: Path, options: Any, instance: Any) -> Any:
+        raise BackendError("llama_cpp serves generative models; it has no tensor backend")
+
+
+FACTORY = LlamaCppFactory()

@@ -1,0 +1,341 @@
+"""The request and answer shapes of generation, transport-free: OpenAI's chat and text
+completions, and Triton's generate extension. Parsing checks every field a client may
+get wrong and raises ``RequestError`` naming it; the front ends turn that into a 400 in
+their format (OpenAI's ``{"error": {...}}`` for ``/v1``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from milliserve.errors import RequestError
+
+__all__ = [
+    "ChatMessage",
+    "GenerationParams",
+    "chat_chunk",
+    "chat_response",
+    "completion_chunk",
+    "completion_response",
+    "openai_error",
+    "parse_generate",
+    "parse_openai",
+    "server_timing",
+]
+
+MAX_STOP = 4
+MAX_STOP_CHARS = 256
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(slots=True)
+class GenerationParams:
+    """One generation request, whatever the API it came through. ``prompt`` is text for
+    completions and generate; ``messages`` for chat (rendered by the model's template)."""
+
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    ignore_eos: bool = False
+    speculate: bool = True
+    stream: bool = False
+    include_usage: bool = False
+    model: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _number(doc: dict[str, Any], key: str, low: float, high: float, default: float) -> float:
+    v = doc.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not low <= v <= high:
+        raise RequestError(f"'{key}' must be a number in [{low:g}, {high:g}], got {v!r}", key)
+    return float(v)
+
+
+def _whole(doc: dict[str, Any], key: str, low: int, high: int | None = None) -> int | None:
+    v = doc.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
+        bound = f" and at most {high}" if high is not None else ""
+        raise RequestError(f"'{key}' must be a whole number of at least {low}{bound}, got {v!r}", key)
+    return int(v)
+
+
+def _stop(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str) else v
+    if (
+        not isinstance(items, list)
+        or len(items) > MAX_STOP
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in items)
+    ):
+        raise RequestError(
+            f"'stop' must be a string or a list of at most {MAX_STOP} non-empty strings of at most "
+            f"{MAX_STOP_CHARS} characters",
+            "stop",
+        )
+    return tuple(items)
+
+
+def _sampling(doc: dict[str, Any], p: GenerationParams) -> None:
+    max_tokens = _whole(doc, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _whole(doc, "max_tokens", 1)
+    p.max_tokens = max_tokens
+    p.temperature = _number(doc, "temperature", 0.0, 2.0, 1.0)
+    p.top_p = _number(doc, "top_p", 0.0, 1.0, 1.0)
+    if p.top_p == 0.0:
+        raise RequestError("'top_p' must be above 0", "top_p")
+    p.top_k = _whole(doc, "top_k", 0) or 0
+    seed = doc.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise RequestError(f"'seed' must be a whole number, got {seed!r}", "seed")
+    p.seed = seed
+    p.stop = _stop(doc.get("stop"))
+    p.repetition_penalty = _number(doc, "repetition_penalty", 0.01, 10.0, 1.0)
+    p.frequency_penalty = _number(doc, "frequency_penalty", -2.0, 2.0, 0.0)
+    p.presence_penalty = _number(doc, "presence_penalty", -2.0, 2.0, 0.0)
+    ignore = doc.get("ignore_eos", False)
+    spec = doc.get("speculative", True)
+    if not isinstance(ignore, bool) or not isinstance(spec, bool):
+        raise RequestError("'ignore_eos' and 'speculative' must be true or false")
+    p.ignore_eos, p.speculate = ignore, spec
+    n = doc.get("n", 1)
+    if n != 1:
+        raise RequestError(f"'n' must be 1 (one choice per request), got {n!r}", "n")
+
+
+def _content(v: Any, where: str) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):  # [{"type": "text", "text": "..."}]
+        parts = []
+        for part in v:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise RequestError(f"{where}: only text content parts are supported", "messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    if v is None:
+        return ""
+    raise RequestError(f"{where}: 'content' must be a string or a list of text parts", "messages")
+
+
+def parse_openai(doc: Any, chat: bool) -> GenerationParams:
+    """A ``/v1/chat/completions`` (chat) or ``/v1/completions`` body."""
+    if not isinstance(doc, dict):
+        raise RequestError("the request body must be a JSON object")
+    p = GenerationParams()
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("'model' must name a model (GET /v1/models lists them)", "model")
+    p.model = model
+    if chat:
+        msgs = doc.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise RequestError("'messages' must be a non-empty list of {role, content}", "messages")
+        out = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or m.get("role") not in _ROLES:
+                raise RequestError(f"messages[{i}]: 'role' must be one of {list(_ROLES)}", "messages")
+            out.append(ChatMessage(m["role"], _content(m.get("content"), f"messages[{i}]")))
+        p.messages = out
+    else:
+        prompt = doc.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise RequestError("'prompt' must be a non-empty string", "prompt")
+        p.prompt = prompt
+    _sampling(doc, p)
+    stream = doc.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("'stream' must be true or false", "stream")
+    p.stream = stream
+    opts = doc.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise RequestError("'stream_options' must be an object", "stream_options")
+        p.include_usage = bool(opts.get("include_usage", False))
+    return p
+
+
+def parse_generate(doc: Any) -> GenerationParams:
+    """A Triton generate-extension body: ``text_input`` and sampling fields, at the top
+    level or in ``parameters`` (and vLLM's ``sampling_parameters`` JSON string)."""
+    if not isinstance(doc, dict):
+        raise RequestError("the request body must be a JSON object")
+    text = doc.get("text_input")
+    if isinstance(text, list) and len(text) == 1:
+        text = text[0]
+    if not isinstance(text, str) or not text:
+        raise RequestError("'text_input' must be a non-empty string", "text_input")
+    merged: dict[str, Any] = {k: v for k, v in doc.items() if k not in ("text_input", "parameters", "id")}
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise RequestError("'parameters' must be an object", "parameters")
+    merged.update(params)
+    sp = merged.pop("sampling_parameters", None)
+    if isinstance(sp, str):
+        try:
+            sp = json.loads(sp)
+        except ValueError:
+            raise RequestError("'sampling_parameters' must be a JSON object", "sampling_parameters") from None
+    if sp is not None:
+        if not isinstance(sp, dict):
+            raise RequestError("'sampling_parameters' must be a JSON object", "sampling_parameters")
+        merged.update(sp)
+    if "stop_words" in merged and "stop" not in merged:
+        merged["stop"] = merged.pop("stop_words") or None
+    p = GenerationParams(prompt=text)
+    _sampling(merged, p)
+    stream = merged.get("stream", False)
+    p.stream = bool(stream) if isinstance(stream, bool | int) else False
+    return p
+
+
+# ---- answers ----
+def _id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def new_id(chat: bool) -> str:
+    return _id("chatcmpl" if chat else "cmpl")
+
+
+def server_timing(timing: dict[str, float] | None) -> str:
+    """The request's timing as a Server-Timing value (``queue;dur=1.2, ttft;dur=30.5, ...``)."""
+    if not timing:
+        return ""
+    return ", ".join(f"{k.removesuffix('_ms')};dur={v:.3f}" for k, v in timing.items() if v >= 0)
+
+
+def _usage(usage: dict[str, int] | None) -> dict[str, Any] | None:
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": usage["completion_tokens"],
+        "total_tokens": usage["total_tokens"],
+        "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": usage["accepted_draft_tokens"],
+            "rejected_prediction_tokens": usage["draft_tokens"] - usage["accepted_draft_tokens"],
+        },
+    }
+
+
+def chat_chunk(
+    rid: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any] | None,
+    finish: str | None = None,
+    usage: dict[str, int] | None = None,
+    timing: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    if usage is not None:
+        out["usage"] = _usage(usage)
+    if timing is not None:
+        out["server_timing"] = server_timing(timing)
+    return out
+
+
+def completion_chunk(
+    rid: str,
+    model: str,
+    created: int,
+    text: str | None,
+    finish: str | None = None,
+    usage: dict[str, int] | None = None,
+    timing: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": []
+        if text is None
+        else [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+    }
+    if usage is not None:
+        out["usage"] = _usage(usage)
+    if timing is not None:
+        out["server_timing"] = server_timing(timing)
+    return out
+
+
+def chat_response(model: str, text: str, finish: str, usage: dict[str, int] | None) -> dict[str, Any]:
+    return {
+        "id": new_id(True),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        ],
+        "usage": _usage(usage),
+    }
+
+
+def completion_response(model: str, text: str, finish: str, usage: dict[str, int] | None) -> dict[str, Any]:
+    return {
+        "id": new_id(False),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "usage": _usage(usage),
+    }
+
+
+def openai_error(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error body for an HTTP ``status``."""
+    kind = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        429: "rate_limit_error",
+        503: "service_unavailable",
+    }.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    code = {404: "model_not_found", 429: "rate_limit_exceeded"}.get(status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -1,0 +1,394 @@
+"""A generative model as a servable: the engine (``llm.engine``) behind the same registry
+and data plane as tensor models.
+
+Three ways in, one road: ``generate`` (OpenAI and Triton's generate extension, through
+the HTTP front end), ``stream`` (gRPC's decoupled ``ModelStreamInfer``: one response per
+text chunk, the last one flagged ``triton_final_response``) and ``infer`` (one response
+holding the whole text). Each request is tokenized, checked against the context,
+admitted against the budget (``budget { ttft_ms }``: refused when the estimated time to
+first token is over it), then handed to the engine. Leaving the event iterator early
+(a client gone, a cancelled stream) cancels the sequence: the engine frees it within
+one decoding step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from milliserve.config.model_config import ModelConfig, TensorConfig
+from milliserve.errors import (
+    BackendError,
+    ConfigError,
+    InvalidInputError,
+    OverBudgetError,
+    QueueFullError,
+    RequestError,
+    ServerShuttingDownError,
+)
+from milliserve.llm.engine import Engine, Event, GenRequest
+from milliserve.llm.protocol import GenerationParams, parse_generate
+from milliserve.protocol.datatypes import BYTES
+from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
+from milliserve.runtime.executor import Executor
+from milliserve.runtime.servable import ClientInputs, model_metadata
+from milliserve.runtime.stats import GenerationStats, ModelStats
+from milliserve.status import status_of
+
+__all__ = ["GenerationStream", "GenerativeServable"]
+
+log = logging.getLogger(__name__)
+
+TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"
+# a prompt's text beyond this is refused before it is tokenized
+MAX_PROMPT_BYTES = 1 << 20
+# prompts longer than this are tokenized off the event loop
+OFFLOAD_CHARS = 16384
+
+
+def _io_config(config: ModelConfig) -> ModelConfig:
+    """The config in effect: Triton's LLM tensors (text_input -> text_output) unless declared."""
+    update: dict[str, Any] = {"platform": config.platform or "llama_cpp", "backend": "llama_cpp"}
+    if not config.input:
+        update["input"] = (TensorConfig(name=TEXT_INPUT, data_type="TYPE_STRING", dims=(1,)),)
+    if not config.output:
+        update["output"] = (TensorConfig(name=TEXT_OUTPUT, data_type="TYPE_STRING", dims=(1,)),)
+    return config.model_copy(update=update)
+
+
+class GenerationStream:
+    """The events of one request. Iterate it; ``cancel()`` (or leaving the iteration
+    early) stops the sequence."""
+
+    def __init__(self, servable: GenerativeServable, req: GenRequest, queue: asyncio.Queue[Event]) -> None:
+        self._servable = servable
+        self.req = req
+        self._queue = queue
+        self.done = False
+        self.prompt_tokens = len(req.prompt)
+
+    def cancel(self) -> None:
+        if not self.done:
+            self.done = True
+            self._servable.engine.cancel(self.req)
+
+    async def events(self) -> AsyncIterator[Event]:
+        try:
+            while True:
+                ev = await self._queue.get()
+                if ev.finish is not None:
+                    self.done = True
+                    if ev.finish == "error":
+                        raise BackendError(ev.error or "generation failed")
+                yield ev
+                if self.done:
+                    return
+        finally:
+            self.cancel()
+
+
+class GenerativeServable:
+    """One GGUF model version served by the continuous-batching engine."""
+
+    platform = "llama_cpp"
+
+    def __init__(self, config: ModelConfig, version: str, model: Any, options: Any) -> None:
+        self.config = _io_config(config)
+        self.version = version
+        self.model = model
+        self.options = options
+        budget = config.budget
+        self.ttft_budget_s = budget.ttft_ms / 1000 if budget is not None and budget.ttft_ms else None
+        itl = budget.itl_ms / 1000 if budget is not None and budget.itl_ms else None
+        self.gen_stats = GenerationStats()
+        self.stats = ModelStats(config.name, version, generation=self.gen_stats)
+        spec = options.speculative.lower()
+        self.engine = Engine(
+            model,
+            options.max_sequences,
+            options.step_tokens,
+            prefix_slots=options.prefix_cache_slots,
+            min_prefix_tokens=options.min_prefix_tokens,
+            draft_tokens=options.draft_tokens if spec == "ngram" else 0,
+            speculate_below=options.speculate_below,
+            stats=self.gen_stats,
+            itl_budget_s=itl,
+            name=config.name,
+        )
+        self.stats.pending = lambda: self.engine.running + self.engine.waiting
+        self._template = self._compile_template(model.chat_template)
+        self._closed = False
+
+    # ---- loading ----
+    @classmethod
+    async def load(
+        cls, config: ModelConfig | None, name: str, version: str, version_dir: Path, executor: Executor
+    ) -> GenerativeServable:
+        from milliserve.backends.registry import backend_for
+        from milliserve.config.model_config import config_path
+
+        where = str(config_path(version_dir.parent))
+        cfg = config or ModelConfig(name=name)
+        factory: Any = backend_for(config, version_dir, where)
+        path = version_dir / factory.model_filename
+        if not path.is_file():
+            raise ConfigError(f"{version_dir}: no {factory.model_filename} in this version directory")
+        try:
+            options = factory.options(cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if options.speculative.lower() not in ("ngram", "off"):
+            raise ConfigError(
+                f"{where}: field 'parameters.speculative': {options.speculative!r}: use ngram or off "
+                "(a draft model is not supported yet)"
+            )
+        t0 = time.perf_counter()
+        n_seq = options.max_sequences + options.prefix_cache_slots
+        model = await executor.run_load(factory.load_model, path, options, n_seq)
+        try:
+            servable = cls(cfg, version, model, options)
+            t1 = time.perf_counter()
+            await executor.run_load(servable.engine.warmup)
+        except BaseException:
+            model.close()
+            raise
+        servable.stats.record_load(time.perf_counter() - t0, time.perf_counter() - t1)
+        servable.engine.start()
+        log.info(
+            "loaded generative model %s version %s (%s): %d sequences x %d tokens, step %.1f ms, "
+            "prefill %.2f ms/token",
+            name,
+            version,
+            model.description,
+            options.max_sequences,
+            options.n_ctx,
+            servable.engine.step_s * 1e3,
+            servable.engine.prefill_token_s * 1e3,
+        )
+        return servable
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
+        self.model.close()
+
+    # ---- prompts ----
+    @staticmethod
+    def _compile_template(source: str | None) -> Any:
+        if not source:
+            return None
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def fail(message: str) -> None:
+            raise RequestError(f"the chat template refused the messages: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = fail
+        try:
+            return env.from_string(source)
+        except TemplateError as exc:
+            log.warning("the model's chat template does not compile (%s); using ChatML", exc)
+            return None
+
+    def render_chat(self, params: GenerationParams) -> str:
+        msgs = [{"role": m.role, "content": m.content} for m in params.messages or []]
+        if self._template is None:  # ChatML, the common default
+            body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
+            return body + "<|im_start|>assistant\n"
+        try:
+            return str(
+                self._template.render(
+                    messages=msgs,
+                    add_generation_prompt=True,
+                    bos_token=self.model.bos_text,
+                    eos_token=self.model.eos_text,
+                )
+            )
+        except RequestError:
+            raise
+        except Exception as exc:
+            raise RequestError(f"the chat template could not render these messages: {exc}") from None
+
+    def tokens_of(self, params: GenerationParams) -> list[int]:
+        if params.messages is not None:
+            text = self.render_chat(params)
+            special = self.model.add_bos and not (
+                self.model.bos_text and text.startswith(self.model.bos_text)
+            )
+        else:
+            text = params.prompt or ""
+            special = self.model.add_bos
+        if len(text) > MAX_PROMPT_BYTES or len(text.encode()) > MAX_PROMPT_BYTES:
+            raise RequestError(f"the prompt is over {MAX_PROMPT_BYTES} bytes", "messages")
+        return list(self.model.tokenize(text, add_special=special, parse_special=params.messages is not None))
+
+    # ---- generation ----
+    async def generate(self, params: GenerationParams) -> GenerationStream:
+        """Admit a request and start it; the stream's events carry its text."""
+        if self._closed:
+            raise ServerShuttingDownError(f"model {self.config.name!r} is unloading")
+        arrival = time.perf_counter()
+        if (params.prompt and len(params.prompt) > OFFLOAD_CHARS) or sum(
+            len(m.content) for m in params.messages or ()
+        ) > OFFLOAD_CHARS:
+            prompt = await asyncio.to_thread(self.tokens_of, params)  # long texts tokenize off the loop
+        else:
+            prompt = self.tokens_of(params)
+        n_ctx = self.options.n_ctx
+        if not prompt:
+            raise RequestError("the prompt is empty after tokenization", "prompt")
+        if len(prompt) >= n_ctx:
+            raise RequestError(
+                f"the prompt is {len(prompt)} tokens; this model's context is {n_ctx} tokens "
+                "(parameters.n_ctx)",
+                "messages",
+            )
+        room = n_ctx - len(prompt)
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if max_tokens > room:
+            raise RequestError(
+                f"max_tokens {max_tokens} plus the prompt's {len(prompt)} tokens is over this model's "
+                f"context of {n_ctx} tokens",
+                "max_tokens",
+            )
+        engine = self.engine
+        if engine.waiting >= self.options.max_queue and engine.running >= self.options.max_sequences:
+            raise QueueFullError(
+                f"model {self.config.name!r}: {engine.waiting} requests are waiting (max_queue "
+                f"{self.options.max_queue})"
+            )
+        if self.ttft_budget_s is not None and (engine.running or engine.waiting):
+            cached = engine.prefix_hit(prompt)
+            est = engine.estimate_ttft(len(prompt) - max(0, cached))
+            if est > self.ttft_budget_s:
+                self.gen_stats.refused_budget += 1
+                raise OverBudgetError(
+                    f"model {self.config.name!r}: the first token would come in about {est * 1e3:.0f} ms "
+                    f"({engine.running} running, {engine.waiting} waiting), over the budget of "
+                    f"{self.ttft_budget_s * 1e3:.0f} ms (budget.ttft_ms); retry later"
+                )
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+
+        def emit(ev: Event) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+        from milliserve.backends.llama_cpp import SamplerSpec
+
+        spec = SamplerSpec(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=params.seed,
+            repetition_penalty=params.repetition_penalty,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
+        )
+        penalties = spec.repetition_penalty != 1.0 or bool(spec.frequency_penalty or spec.presence_penalty)
+        req = GenRequest(
+            prompt,
+            max_tokens,
+            spec,
+            emit,
+            stop=params.stop,
+            ignore_eos=params.ignore_eos,
+            speculate=params.speculate,
+            penalties=penalties,
+            arrival=arrival,
+        )
+        engine.submit(req)
+        return GenerationStream(self, req, queue)
+
+    async def _run(self, params: GenerationParams) -> tuple[str, Event]:
+        t0 = time.perf_counter_ns()
+        try:
+            stream = await self.generate(params)
+            parts: list[str] = []
+            last = Event("", 0)
+            async for ev in stream.events():
+                parts.append(ev.text)
+                last = ev
+        except BaseException as exc:
+            self.stats.record_request(time.perf_counter_ns() - t0, status_of(exc).reason)
+            raise
+        self.stats.record_request(time.perf_counter_ns() - t0, None)
+        return "".join(parts), last
+
+    async def complete(self, params: GenerationParams) -> tuple[str, Event]:
+        """The whole answer: its text and the last event (finish reason, usage, timing)."""
+        return await self._run(params)
+
+    def record(self, started_ns: int, exc: BaseException | None) -> None:
+        self.stats.record_request(
+            time.perf_counter_ns() - started_ns, None if exc is None else status_of(exc).reason
+        )
+
+    # ---- the tensor protocol (gRPC, /infer) ----
+    @staticmethod
+    def _params_of(request: InferRequest) -> GenerationParams:
+        doc: dict[str, Any] = dict(request.parameters)
+        for t in request.inputs:
+            values = t.data.reshape(-1)
+            if values.size != 1:
+                raise InvalidInputError(f"input {t.name!r} must hold one element, got {values.size}")
+            v = values[0]
+            if isinstance(v, bytes | np.bytes_):
+                v = bytes(v).decode(errors="replace")
+            elif isinstance(v, np.generic):
+                v = v.item()
+            doc[t.name] = v
+        if TEXT_INPUT not in doc:
+            raise InvalidInputError(f"a generation request needs the input {TEXT_INPUT!r} (BYTES)")
+        return parse_generate(doc)
+
+    def _response(self, request: InferRequest, text: str, final: bool, ev: Event | None) -> InferResponse:
+        data = np.array([text.encode()], dtype=object)
+        params: dict[str, Any] = {"triton_final_response": final}
+        if ev is not None and ev.finish is not None:
+            params["finish_reason"] = ev.finish
+            if ev.usage:
+                params["completion_tokens"] = ev.usage["completion_tokens"]
+                params["prompt_tokens"] = ev.usage["prompt_tokens"]
+        return InferResponse(
+            model_name=self.config.name,
+            model_version=self.version,
+            id=request.id,
+            outputs=[InferTensor(TEXT_OUTPUT, BYTES, (1,), data)],
+            parameters=params,
+        )
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        text, last = await self._run(self._params_of(request))
+        return self._response(request, text, True, last)
+
+    async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        t0 = time.perf_counter_ns()
+        params = self._params_of(request)
+        try:
+            gen = await self.generate(params)
+            async for ev in gen.events():
+                if ev.finish is None:
+                    if ev.text:
+                        yield self._response(request, ev.text, False, None)
+                else:
+                    yield self._response(request, ev.text, True, ev)
+        except BaseException as exc:
+            self.record(t0, exc)
+            raise
+        self.record(t0, None)
+
+    # ---- metadata ----
+    def client_inputs(self) -> ClientInputs:
+        return [(t.name, t.data_type, t.dims) for t in self.config.input]
+
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        return model_metadata(self.config, versions, self.platform, self.client_inputs())

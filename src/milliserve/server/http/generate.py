@@ -1,0 +1,259 @@
+"""Generation over HTTP: OpenAI's ``/v1/chat/completions``, ``/v1/completions`` and
+``/v1/models``, and Triton's generate extension (``/v2/models/{m}/generate`` and
+``/generate_stream``). Streams are Server-Sent Events (``data: {...}`` then, for OpenAI,
+``data: [DONE]``).
+
+While a stream runs, a watcher reads the connection: a client that disconnects cancels
+its sequence at once (the engine frees it within one decoding step), not when the next
+token fails to send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from milliserve.errors import MalformedRequestError, MilliserveError, NotFoundError, RequestError
+from milliserve.llm.protocol import (
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    new_id,
+    openai_error,
+    parse_generate,
+    parse_openai,
+    server_timing,
+)
+from milliserve.protocol.json_codec import decode_json_object, encode_json
+from milliserve.runtime.dataplane import DataPlane
+from milliserve.status import status_of
+
+__all__ = ["GenerateRoutes"]
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ReadBody = Callable[[Any, Receive], Awaitable[bytes]]
+
+_JSON = (b"content-type", b"application/json")
+_SSE = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_DONE = b"data: [DONE]\n\n"
+
+
+def _sse(doc: dict[str, Any]) -> bytes:
+    return b"data: " + encode_json(doc) + b"\n\n"
+
+
+class _Gone(Exception):
+    """The client disconnected."""
+
+
+class GenerateRoutes:
+    """The generation routes of one HttpApp."""
+
+    def __init__(self, dataplane: DataPlane, read_body: ReadBody) -> None:
+        self.dp = dataplane
+        self._read_body = read_body
+        self.disconnects = 0
+
+    @staticmethod
+    def handles(method: str, parts: list[str]) -> bool:
+        if parts[:1] == ["v1"]:
+            return True
+        return (
+            method == "POST"
+            and len(parts) >= 4
+            and parts[:2] == ["v2", "models"]
+            and parts[-1]
+            in (
+                "generate",
+                "generate_stream",
+            )
+        )
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send, parts: list[str]) -> None:
+        openai = parts[0] == "v1"
+        try:
+            if openai:
+                await self._openai(scope, receive, send, parts[1:])
+            else:
+                await self._generate(scope, receive, send, parts[2:])
+        except _Gone:
+            self.disconnects += 1
+        except MilliserveError as exc:
+            await self._error(send, status_of(exc).http, exc.message, exc, openai)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            await self._error(send, 500, "internal server error (logged)", None, openai)
+
+    async def _error(self, send: Send, status: int, message: str, exc: Any, openai: bool) -> None:
+        if openai:
+            param = exc.args[1] if isinstance(exc, RequestError) and len(exc.args) > 1 else None
+            body = encode_json(openai_error(status, message, param))
+        else:
+            body = encode_json({"error": message})
+        headers = [_JSON, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _json(self, send: Send, doc: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        body = encode_json(doc)
+        headers = [_JSON, (b"content-length", str(len(body)).encode()), *(extra or [])]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _body(self, scope: dict[str, Any], receive: Receive) -> Any:
+        body = await self._read_body(scope, receive)
+        if not body.strip():
+            raise MalformedRequestError("the request body is empty; send a JSON object")
+        return decode_json_object(body)
+
+    # ---- OpenAI ----
+    async def _openai(self, scope: dict[str, Any], receive: Receive, send: Send, rest: list[str]) -> None:
+        method = scope["method"]
+        if method == "GET" and rest == ["models"]:
+            now = int(time.time())
+            data = [
+                {"id": s.config.name, "object": "model", "created": now, "owned_by": "milliserve"}
+                for s in self.dp.generative_models()
+            ]
+            await self._json(send, {"object": "list", "data": data})
+            return
+        if method == "GET" and len(rest) == 2 and rest[0] == "models":
+            s = self.dp.generative(rest[1])
+            await self._json(
+                send,
+                {
+                    "id": s.config.name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "milliserve",
+                },
+            )
+            return
+        if method != "POST" or rest not in (["chat", "completions"], ["completions"]):
+            raise NotFoundError(f"no route for {method} {scope['path']}")
+        chat = rest[0] == "chat"
+        params = parse_openai(await self._body(scope, receive), chat)
+        servable = self.dp.generative(params.model)
+        if not params.stream:
+            text, last = await servable.complete(params)
+            build = chat_response if chat else completion_response
+            timing = server_timing(last.timing).encode()
+            await self._json(
+                send,
+                build(params.model, text, last.finish or "stop", last.usage),
+                [(b"server-timing", timing)],
+            )
+            return
+        t0 = time.perf_counter_ns()
+        stream = await servable.generate(params)
+        rid, created, model = new_id(chat), int(time.time()), params.model
+
+        def chunks() -> Any:
+            async def gen() -> Any:
+                if chat:
+                    yield _sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
+                async for ev in stream.events():
+                    if ev.finish is None:
+                        if chat:
+                            yield _sse(chat_chunk(rid, model, created, {"content": ev.text}))
+                        else:
+                            yield _sse(completion_chunk(rid, model, created, ev.text))
+                        continue
+                    timing = None if params.include_usage else ev.timing
+                    if chat:
+                        delta = {"content": ev.text} if ev.text else {}
+                        yield _sse(chat_chunk(rid, model, created, delta, ev.finish, timing=timing))
+                    else:
+                        yield _sse(completion_chunk(rid, model, created, ev.text, ev.finish, timing=timing))
+                    if params.include_usage:
+                        build = chat_chunk if chat else completion_chunk
+                        yield _sse(build(rid, model, created, None, usage=ev.usage, timing=ev.timing))
+                yield _DONE
+
+            return gen()
+
+        await self._stream(servable, stream, receive, send, chunks(), t0)
+
+    # ---- Triton's generate extension ----
+    async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, rest: list[str]) -> None:
+        name, version = rest[0], ""
+        if len(rest) >= 4 and rest[1] == "versions":
+            version = rest[2]
+        servable = self.dp.generative(name, version)
+        params = parse_generate(await self._body(scope, receive))
+        streaming = rest[-1] == "generate_stream"
+        head = {"model_name": servable.config.name, "model_version": servable.version}
+        if not streaming:
+            text, last = await servable.complete(params)
+            doc = {**head, "text_output": text, "finish_reason": last.finish, "usage": last.usage}
+            await self._json(send, doc, [(b"server-timing", server_timing(last.timing).encode())])
+            return
+        t0 = time.perf_counter_ns()
+        stream = await servable.generate(params)
+
+        async def gen() -> Any:
+            async for ev in stream.events():
+                doc: dict[str, Any] = {**head, "text_output": ev.text}
+                if ev.finish is not None:
+                    doc.update(
+                        finish_reason=ev.finish, usage=ev.usage, server_timing=server_timing(ev.timing)
+                    )
+                elif not ev.text:
+                    continue
+                yield _sse(doc)
+
+        await self._stream(servable, stream, receive, send, gen(), t0)
+
+    # ---- SSE with disconnect detection ----
+    async def _stream(
+        self, servable: Any, stream: Any, receive: Receive, send: Send, chunks: Any, t0: int
+    ) -> None:
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    gone.set()
+                    stream.cancel()  # free the sequence now, not at the next token
+                    return
+
+        watcher = asyncio.create_task(watch())
+        error: BaseException | None = None
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": list(_SSE)})
+            async for chunk in chunks:
+                if gone.is_set():
+                    raise _Gone
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except _Gone as exc:
+            error = asyncio.CancelledError()
+            raise exc from None
+        except MilliserveError as exc:
+            # the status line is out: the error goes in the stream, as OpenAI does
+            error = exc
+            doc = openai_error(status_of(exc).http, exc.message)
+            if not gone.is_set():
+                await send({"type": "http.response.body", "body": _sse(doc), "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            watcher.cancel()
+            stream.cancel()
+            await chunks.aclose()
+            servable.record(t0, error)
