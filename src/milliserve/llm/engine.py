@@ -176,6 +176,7 @@ class Engine:
         stats: GenerationStats | None = None,
         itl_budget_s: float | None = None,
         name: str = "llm",
+        spawn: Callable[[str, Callable[[], None]], threading.Thread] | None = None,
     ) -> None:
         self.model = model
         self.max_sequences = max_sequences
@@ -200,7 +201,8 @@ class Engine:
         self.stats.waiting = lambda: len(self._waiting) + len(self._incoming)
         self.stats.kv_tokens = lambda: sum(s.n_past for s in self._running)
         self.stats.kv_capacity = max_sequences * model.n_ctx_seq
-        self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
+        make = spawn or (lambda n, f: threading.Thread(target=f, name=n, daemon=True))
+        self._thread = make(f"ms-engine-{name}", self._loop)
 
     # ---- event-loop side ----
     def start(self) -> None:

@@ -98,7 +98,9 @@ class GenerativeServable:
 
     platform = "llama_cpp"
 
-    def __init__(self, config: ModelConfig, version: str, model: Any, options: Any) -> None:
+    def __init__(
+        self, config: ModelConfig, version: str, model: Any, options: Any, executor: Executor | None = None
+    ) -> None:
         self.config = _io_config(config)
         self.version = version
         self.model = model
@@ -120,7 +122,9 @@ class GenerativeServable:
             stats=self.gen_stats,
             itl_budget_s=itl,
             name=config.name,
+            spawn=executor.thread if executor is not None else None,
         )
+        self._executor = executor
         self.stats.pending = lambda: self.engine.running + self.engine.waiting
         self._template = self._compile_template(model.chat_template)
         self._closed = False
@@ -152,7 +156,7 @@ class GenerativeServable:
         n_seq = options.max_sequences + options.prefix_cache_slots
         model = await executor.run_load(factory.load_model, path, options, n_seq)
         try:
-            servable = cls(cfg, version, model, options)
+            servable = cls(cfg, version, model, options, executor)
             t1 = time.perf_counter()
             await executor.run_load(servable.engine.warmup)
         except BaseException:
@@ -240,7 +244,11 @@ class GenerativeServable:
         if (params.prompt and len(params.prompt) > OFFLOAD_CHARS) or sum(
             len(m.content) for m in params.messages or ()
         ) > OFFLOAD_CHARS:
-            prompt = await asyncio.to_thread(self.tokens_of, params)  # long texts tokenize off the loop
+            # long texts tokenize off the event loop
+            if self._executor is not None:
+                prompt = await self._executor.offload(self.tokens_of, params)
+            else:
+                prompt = await asyncio.to_thread(self.tokens_of, params)
         else:
             prompt = self.tokens_of(params)
         n_ctx = self.options.n_ctx

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from milliserve.runtime.stats import HistogramData, ModelStats
+from milliserve.runtime.stats import GenerationStats, HistogramData, ModelStats
 
 __all__ = ["Metrics"]
 
@@ -133,3 +133,63 @@ class Metrics(Collector):
                 families[name].add_metric(lv, _buckets(h), h.sum)
         yield from (success, failure, count, execs, pending, load, warmup, first, *families.values())
         yield from (hits, misses, cache_errors, *cache_hist.values(), stage, cap, delay)
+        yield from _generation([s for s in stats if s.generation is not None])
+
+
+def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
+    """Generative models: time to first token, between tokens, end to end, queue; tokens in
+    and out; running and waiting sequences; KV use; speculative drafts and acceptance."""
+    if not stats:
+        return
+    hists = {
+        "ttft_seconds": ("Time from arrival to the first generated token", "ttft_hist"),
+        "itl_seconds": ("Time between generated tokens (inter-token latency)", "itl_hist"),
+        "e2e_seconds": ("Time from arrival to the last token", "e2e_hist"),
+        "queue_seconds": ("Time a generation waited for a sequence slot", "queue_hist"),
+        "request_prompt_tokens": ("Prompt tokens per request", "prompt_tokens_hist"),
+        "request_output_tokens": ("Generated tokens per request", "output_tokens_hist"),
+    }
+    fam = {n: HistogramMetricFamily(_P + "generation_" + n, doc, labels=_MV) for n, (doc, _) in hists.items()}
+    counters = {
+        "prompt_tokens": "Prompt tokens received",
+        "output_tokens": "Tokens generated",
+        "cached_prompt_tokens": "Prompt tokens whose KV came from the prefix cache",
+        "refused_budget": "Requests refused because their first token would miss budget.ttft_ms",
+        "draft_tokens": "Tokens drafted for speculative decoding",
+        "accepted_tokens": "Drafted tokens the model accepted",
+        "steps": "Engine steps (one llama_decode each)",
+    }
+    cfam = {n: CounterMetricFamily(_P + "generation_" + n, doc, labels=_MV) for n, doc in counters.items()}
+    finished = CounterMetricFamily(
+        _P + "generation_finished",
+        "Finished generations by reason (stop, length, abort, error)",
+        labels=[*_MV, "reason"],
+    )
+    running = GaugeMetricFamily(_P + "generation_running", "Sequences being generated", labels=_MV)
+    waiting = GaugeMetricFamily(_P + "generation_waiting", "Requests waiting for a sequence", labels=_MV)
+    kv = GaugeMetricFamily(
+        _P + "generation_kv_tokens", "KV cache cells held by running sequences", labels=_MV
+    )
+    kv_cap = GaugeMetricFamily(
+        _P + "generation_kv_capacity_tokens", "KV cache cells for sequences", labels=_MV
+    )
+    accept = GaugeMetricFamily(
+        _P + "generation_speculative_acceptance", "Accepted / drafted tokens since load", labels=_MV
+    )
+    for s in stats:
+        g: GenerationStats | None = s.generation
+        assert g is not None
+        lv = [s.name, s.version]
+        for n, (_, attr) in hists.items():
+            h: HistogramData = getattr(g, attr)
+            fam[n].add_metric(lv, _buckets(h), h.sum)
+        for n in counters:
+            cfam[n].add_metric(lv, getattr(g, n))
+        for reason, k in sorted(g.finished.items()):
+            finished.add_metric([*lv, reason], k)
+        running.add_metric(lv, g.running())
+        waiting.add_metric(lv, g.waiting())
+        kv.add_metric(lv, g.kv_tokens())
+        kv_cap.add_metric(lv, g.kv_capacity)
+        accept.add_metric(lv, g.accepted_tokens / g.draft_tokens if g.draft_tokens else 0.0)
+    yield from (*fam.values(), *cfam.values(), finished, running, waiting, kv, kv_cap, accept)

@@ -136,6 +136,18 @@ class Executor:
         cpus = {self.loop_cpu} if colocate and self.loop_cpu is not None else self._all_cpus
         return InstanceWorker(name, cpus)
 
+    def thread(self, name: str, target: Callable[[], None]) -> threading.Thread:
+        """A long-lived thread (not started) that may use every CPU, such as a generation
+        engine's loop: set explicitly, since a thread started from the pinned event loop
+        would inherit its single CPU (and so would llama.cpp's compute threads)."""
+        cpus = self._all_cpus
+
+        def run() -> None:
+            _set_affinity(cpus)
+            target()
+
+        return threading.Thread(target=run, name=name, daemon=True)
+
     async def run_load(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a model-loading callable (slow, rare) in the load pool, keeping context vars."""
         loop = asyncio.get_running_loop()

@@ -11,6 +11,7 @@ token fails to send.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,12 @@ def _sse(doc: dict[str, Any]) -> bytes:
 
 class _Gone(Exception):
     """The client disconnected."""
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return when the client has disconnected (the body has been read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class GenerateRoutes:
@@ -147,7 +154,7 @@ class GenerateRoutes:
         params = parse_openai(await self._body(scope, receive), chat)
         servable = self.dp.generative(params.model)
         if not params.stream:
-            text, last = await servable.complete(params)
+            text, last = await self._complete(servable, params, receive)
             build = chat_response if chat else completion_response
             timing = server_timing(last.timing).encode()
             await self._json(
@@ -196,7 +203,7 @@ class GenerateRoutes:
         streaming = rest[-1] == "generate_stream"
         head = {"model_name": servable.config.name, "model_version": servable.version}
         if not streaming:
-            text, last = await servable.complete(params)
+            text, last = await self._complete(servable, params, receive)
             doc = {**head, "text_output": text, "finish_reason": last.finish, "usage": last.usage}
             await self._json(send, doc, [(b"server-timing", server_timing(last.timing).encode())])
             return
@@ -216,6 +223,21 @@ class GenerateRoutes:
 
         await self._stream(servable, stream, receive, send, gen(), t0)
 
+    async def _complete(self, servable: Any, params: Any, receive: Receive) -> Any:
+        """The whole answer, cancelled at once if the client disconnects while it waits."""
+        task = asyncio.ensure_future(servable.complete(params))
+        watcher = asyncio.create_task(_disconnected(receive))
+        try:
+            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not task.done():
+            task.cancel()  # leaves the event iterator: the engine frees the sequence
+            with contextlib.suppress(BaseException):
+                await task
+            raise _Gone
+        return task.result()
+
     # ---- SSE with disconnect detection ----
     async def _stream(
         self, servable: Any, stream: Any, receive: Receive, send: Send, chunks: Any, t0: int
@@ -223,12 +245,9 @@ class GenerateRoutes:
         gone = asyncio.Event()
 
         async def watch() -> None:
-            while True:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    gone.set()
-                    stream.cancel()  # free the sequence now, not at the next token
-                    return
+            await _disconnected(receive)
+            gone.set()
+            stream.cancel()  # free the sequence now, not at the next token
 
         watcher = asyncio.create_task(watch())
         error: BaseException | None = None
