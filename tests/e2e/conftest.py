@@ -18,6 +18,13 @@ def server(example_repo: Path) -> Iterator[ServerProcess]:
         yield proc
 
 
+@pytest.fixture(scope="module")
+def llm_server(llm_repo: Path) -> Iterator[ServerProcess]:
+    """The smollm2 example (generative, llama_cpp backend) served with default settings."""
+    with ServerProcess(llm_repo) as proc:
+        yield proc
+
+
 @pytest.fixture(autouse=True)
 def collect_clients_on_the_main_thread() -> Iterator[None]:
     """tritonclient.http's client closes its gevent pool in ``__del__``; if the garbage

@@ -10,7 +10,6 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,6 @@ PROMPTS = [
     "def fibonacci(n):",
     "Summarize: The quick brown fox jumps over the lazy dog. The dog sleeps. The fox runs away. Summary:",
 ]
-
-
-@pytest.fixture(scope="module")
-def llm_server(llm_repo: Path) -> Iterator[ServerProcess]:
-    with ServerProcess(llm_repo) as proc:
-        yield proc
 
 
 @pytest.fixture(scope="module")
