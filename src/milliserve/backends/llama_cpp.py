@@ -28,6 +28,7 @@ Config ``parameters`` understood here (string values):
 ``kv_unified``           ``true``: one KV buffer shared by all sequences (llama.cpp's
                          unified cache; default ``false``: one buffer per sequence)
 ``max_queue``            requests waiting for a free sequence before 503 (default 64)
+``flash_attn``           ``auto`` (llama.cpp decides; default), ``on`` or ``off``
 =======================  ==================================================================
 
 llama-cpp-python is an optional dependency: ``pip install 'milliserve[llm]'``.
@@ -72,6 +73,7 @@ KNOWN_PARAMETERS = frozenset(
         "speculate_below",
         "kv_unified",
         "max_queue",
+        "flash_attn",
     }
 )
 # llama.cpp log levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation; warnings and errors pass
@@ -122,6 +124,7 @@ class LlmOptions:
     speculate_below: int = 3
     kv_unified: bool = False
     max_queue: int = 64
+    flash_attn: str = "auto"
 
 
 def parse_llm_options(config: ModelConfig) -> LlmOptions:
@@ -163,7 +166,15 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
         speculate_below=whole("speculate_below", 3, 0, 256),
         kv_unified=unified in ("true", "1"),
         max_queue=whole("max_queue", 64, 0),
+        flash_attn=_choice(params, "flash_attn", ("auto", "on", "off"), "auto"),
     )
+
+
+def _choice(params: dict[str, str], key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = params.get(key, default).strip().lower()
+    if value not in allowed:
+        raise ConfigError(f"field 'parameters.{key}': {value!r} is not one of {list(allowed)}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +220,7 @@ class LlamaModel:
         cp.n_threads = options.n_threads
         cp.n_threads_batch = options.n_threads_batch
         cp.kv_unified = options.kv_unified
+        cp.flash_attn_type = {"auto": -1, "off": 0, "on": 1}[options.flash_attn]
         cp.no_perf = True
         ctx = C.llama_init_from_model(model, cp)
         if not ctx:

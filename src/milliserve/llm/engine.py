@@ -452,12 +452,19 @@ class Engine:
 
     def _draft(self, s: _Seq) -> list[int]:
         """Prompt lookup: the tokens that followed the latest earlier occurrence of the
-        sequence's last n tokens (n = 3, then 2), if any."""
-        if s.accept_rate < 0.2 and s.generated % 8:
-            return []  # drafts keep failing here: try again now and then
+        sequence's last n tokens (n = 3, then 2), if any. As many as the sequence's recent
+        acceptance makes worth verifying: all while drafts are mostly accepted, two while
+        some are, and none (with a retry every 8 tokens) while they keep failing."""
+        rate = s.accept_rate
+        if rate >= 0.5:
+            want = self.draft_tokens
+        elif rate >= 0.2 or s.generated % 8 == 0:
+            want = min(2, self.draft_tokens)
+        else:
+            return []
         h = s.history
         n_hist = len(h)
-        room = min(self.draft_tokens, s.req.max_tokens - s.generated - 1, self.model.n_ctx_seq - s.n_past - 2)
+        room = min(want, s.req.max_tokens - s.generated - 1, self.model.n_ctx_seq - s.n_past - 2)
         if room <= 0 or n_hist < 3:
             return []
         cands = s.index.get(h[-1])

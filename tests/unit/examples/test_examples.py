@@ -58,3 +58,14 @@ def test_minilm_onnx_matches_transformers(example_repo: Path, monkeypatch: pytes
 def test_unknown_example_is_named(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match="unknown examples \\['bert'\\]"):
         build_examples(tmp_path, ["bert"])
+
+
+def test_smollm2_comes_from_the_installed_package(llm_repo: Path) -> None:
+    """`milliserve examples build` puts the packaged GGUF in with a llama_cpp config."""
+    from milliserve.config.model_config import load_model_config
+    from milliserve.examples.smollm2 import packaged_gguf
+
+    gguf = llm_repo / "smollm2" / "1" / "model.gguf"
+    assert gguf.resolve() == packaged_gguf()
+    cfg = load_model_config(llm_repo / "smollm2")
+    assert cfg is not None and cfg.backend == "llama_cpp" and cfg.budget is not None and cfg.budget.ttft_ms == 1000

@@ -1,0 +1,97 @@
+"""Parsing of OpenAI and Triton generate requests: every field a client may get wrong is a
+RequestError naming it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from milliserve.errors import RequestError
+from milliserve.llm.engine import Engine
+from milliserve.llm.protocol import openai_error, parse_generate, parse_openai, server_timing
+
+
+def test_chat_request_is_parsed() -> None:
+    p = parse_openai(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}],
+                },
+            ],
+            "max_completion_tokens": 7,
+            "temperature": 0,
+            "stop": "END",
+            "seed": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        chat=True,
+    )
+    assert p.messages is not None and [m.content for m in p.messages] == ["Be brief.", "Hi there"]
+    assert (p.max_tokens, p.temperature, p.stop, p.seed) == (7, 0.0, ("END",), 3)
+    assert p.stream and p.include_usage
+
+
+@pytest.mark.parametrize(
+    ("doc", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": [{"role": "user", "content": {"a": 1}}]}, "messages"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": True}, "max_tokens"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 0}, "top_p"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 1.5}, "seed"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ],
+)
+def test_bad_chat_fields_are_named(doc: dict[str, Any], param: str) -> None:
+    with pytest.raises(RequestError) as err:
+        parse_openai(doc, chat=True)
+    assert err.value.args[1] == param
+
+
+def test_bad_bodies() -> None:
+    with pytest.raises(RequestError):
+        parse_openai([1, 2], chat=False)
+    with pytest.raises(RequestError):
+        parse_openai({"model": "m", "prompt": ""}, chat=False)
+    assert parse_openai({"model": "m", "prompt": ["one"]}, chat=False).prompt == "one"
+
+
+def test_generate_extension_fields() -> None:
+    p = parse_generate(
+        {
+            "text_input": "Hello",
+            "max_tokens": 5,
+            "parameters": {"temperature": 0.5},
+            "sampling_parameters": '{"top_k": 4, "stop": ["x"]}',
+        }
+    )
+    assert (p.prompt, p.max_tokens, p.temperature, p.top_k, p.stop) == ("Hello", 5, 0.5, 4, ("x",))
+    with pytest.raises(RequestError):
+        parse_generate({"parameters": {}})
+    with pytest.raises(RequestError):
+        parse_generate({"text_input": "x", "sampling_parameters": "{not json"})
+
+
+def test_stop_string_hold_back() -> None:
+    assert Engine._held_back("hello wor", ("world",)) == 3
+    assert Engine._held_back("hello", ("world",)) == 0
+    assert Engine._held_back("a\n", ("\n\n", "xyz")) == 1
+
+
+def test_answers() -> None:
+    assert (
+        server_timing({"queue_ms": 1.25, "ttft_ms": 30.0, "e2e_ms": -1.0})
+        == "queue;dur=1.250, ttft;dur=30.000"
+    )
+    err = openai_error(429, "slow down")["error"]
+    assert err["type"] == "rate_limit_error" and err["code"] == "rate_limit_exceeded"
