@@ -39,6 +39,13 @@ def _examples_build(args: argparse.Namespace) -> int:
         results = build_examples(args.dir, args.only, lambda n: status.update(f"building {n} ..."))
     for name, result in results.items():
         console.print(f"[green]built[/green] {name}: {result}")
+    if not args.only:
+        from milliserve.examples.build import OPTIONAL
+
+        for name, check in OPTIONAL.items():
+            reason = check()
+            if reason:
+                console.print(f"[yellow]skipped[/yellow] {name}: {reason}")
     console.print(f"serve it with: milliserve serve {args.dir}")
     return 0
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from milliserve.examples.build import build_examples
+from milliserve.examples.build import EXAMPLES, OPTIONAL, build_examples
 from milliserve.examples.fraud import TRANSACTION
 from milliserve.examples.fraud_mlp import FEATURES
 from milliserve.examples.minilm import tokenizer_path
@@ -67,7 +67,7 @@ def run_demo(repo: Path, requests: int = 300, log: Any = print) -> list[LatencyS
     from tokenizers import Tokenizer
 
     log(f"building the example repository in {repo} ...")
-    build_examples(repo)
+    build_examples(repo, only=[n for n in EXAMPLES if n not in OPTIONAL])  # the tensor examples
     summaries: list[LatencySummary] = []
     with ServerProcess(repo) as server:
         log(f"serving on http://{server.http_url} and grpc://{server.grpc_url}")
