@@ -274,8 +274,9 @@ class Engine:
 
     def _prefill_budget(self, decoding: int) -> int:
         budget = self.step_tokens - decoding
-        if self.itl_budget_s is not None:
-            # keep a step (and so the time between tokens of the running sequences) in budget
+        if self.itl_budget_s is not None and decoding:
+            # keep a step (and so the time between tokens of the running sequences) in budget;
+            # with nothing decoding there is no stream to stall
             fit = int((self.itl_budget_s * 0.8 - self.step_s) / max(self.prefill_token_s, 1e-6))
             budget = min(budget, max(16, fit))
         return max(1, budget)
