@@ -85,7 +85,7 @@ def _pct(xs: list[float], p: float) -> float:
     if not xs:
         return float("nan")
     s = sorted(xs)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 async def run_level(
@@ -182,11 +182,30 @@ class Peer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
-            sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "smollm2",
-            "--host", "127.0.0.1", "--port", str(self.port), "--n_threads", str(threads),
-            "--n_threads_batch", str(threads_batch), "--n_ctx", str(n_ctx),
-            "--interrupt_requests", "false", "--flash_attn", "true", "--verbose", "false",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--model_alias",
+            "smollm2",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads_batch),
+            "--n_ctx",
+            str(n_ctx),
+            "--interrupt_requests",
+            "false",
+            "--flash_attn",
+            "true",
+            "--verbose",
+            "false",
+        ]
         self.log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
@@ -228,8 +247,60 @@ def machine(threads: int, threads_batch: int) -> str:
     )
 
 
+def engine_alone(gguf: Path, threads: int, threads_batch: int, n: int, offset: int, max_tokens: int) -> Level:
+    """llama.cpp in this process, no server: the same chats one after another (the speed
+    the server's single stream is compared with)."""
+    from llama_cpp import Llama
+
+    global _LLM
+    if _LLM is None:
+        _LLM = Llama(
+            model_path=str(gguf),
+            n_threads=threads,
+            n_threads_batch=threads_batch,
+            n_ctx=2048,
+            flash_attn=True,
+            verbose=False,
+        )
+    out = Level()
+    t_start = time.perf_counter()
+    for msgs in chats(n, offset):
+        t0 = time.perf_counter()
+        last = 0.0
+        k = 0
+        for chunk in _LLM.create_chat_completion(
+            messages=msgs,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            temperature=0.0,
+            repeat_penalty=1.0,
+            stream=True,
+        ):
+            delta = chunk["choices"][0]["delta"]  # type: ignore[index]
+            if not delta.get("content"):
+                continue
+            now = time.perf_counter()
+            if k == 0:
+                out.ttft.append(now - t0)
+            else:
+                out.itl.append(now - last)
+            last = now
+            k += 1
+        out.e2e.append(time.perf_counter() - t0)
+        out.tokens += k
+    out.wall = time.perf_counter() - t_start
+    return out
+
+
+_LLM: Any = None
+
+
 async def peers_part(
-    ours: str, peer: str, levels: list[int], rounds: int, max_tokens: int
+    ours: str,
+    peer: str,
+    levels: list[int],
+    rounds: int,
+    max_tokens: int,
+    engine: tuple[Path, int, int] | None = None,
 ) -> dict[tuple[str, int], dict[str, float]]:
     got: dict[tuple[str, int], list[Level]] = {}
     for r in range(rounds):
@@ -241,6 +312,10 @@ async def peers_part(
                 lv = await run_level(url, "smollm2", chats(n, r), max_tokens, {})
                 got.setdefault((name, n), []).append(lv)
                 print(f"round {r} {name:17s} {n} streams: {lv.tokens / lv.wall:.1f} tok/s", flush=True)
+            if n == 1 and engine is not None:
+                lv = engine_alone(*engine, 1, r, max_tokens)
+                got.setdefault(("llama.cpp in process", 1), []).append(lv)
+                print(f"round {r} llama.cpp in process 1 stream: {lv.tokens / lv.wall:.1f} tok/s", flush=True)
     return {k: summary(v) for k, v in got.items()}
 
 
@@ -250,14 +325,19 @@ async def speculation_part(
     got: dict[tuple[bool, int], list[Level]] = {}
     for r in range(rounds):
         for n in (1, 8):
-            for spec in ((True, False) if r % 2 == 0 else (False, True)):
+            for spec in (True, False) if r % 2 == 0 else (False, True):
                 msgs = [[{"role": "user", "content": GROUNDED[(r + i) % len(GROUNDED)]}] for i in range(n)]
                 if n == 1:  # one stream: every prompt of the set, one after another
                     levels = [
-                        await run_level(ours, "smollm2", [[{"role": "user", "content": g}]], max_tokens,
-                                        {"speculative": spec})
+                        await run_level(
+                            ours,
+                            "smollm2",
+                            [[{"role": "user", "content": g}]],
+                            max_tokens,
+                            {"speculative": spec},
+                        )
                         for g in GROUNDED
-                    ]  # fmt: skip
+                    ]
                     merged = Level(
                         ttft=[x for lv in levels for x in lv.ttft],
                         itl=[x for lv in levels for x in lv.itl],
@@ -280,11 +360,14 @@ async def prefix_part(with_cache: str, without: str, rounds: int) -> dict[str, d
             order.reverse()
         for name, url in order:
             # one request first (it fills the cache on the server that has one), then 8 at once
-            await run_level(url, "smollm2", [[{"role": "system", "content": SYSTEM},
-                                              {"role": "user", "content": "Hello!"}]], 4, {})  # fmt: skip
-            msgs = [
-                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": CHATS[i]}] for i in range(8)
-            ]
+            await run_level(
+                url,
+                "smollm2",
+                [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello!"}]],
+                4,
+                {},
+            )
+            msgs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": c}] for c in CHATS]
             got.setdefault(name, []).append(await run_level(url, "smollm2", msgs, 16, {}))
             print(f"round {r} {name}: TTFT p99 {max(got[name][-1].ttft) * 1e3:.0f} ms")
     return {k: summary(v) for k, v in got.items()}
@@ -314,13 +397,29 @@ def main() -> None:
             if "peers" in parts:
                 peer = Peer(gguf, args.threads, args.threads_batch, 2048)
                 try:
-                    res = asyncio.run(peers_part(url, peer.url, levels, args.rounds, args.max_tokens))
+                    engine = (gguf, args.threads, args.threads_batch)
+                    res = asyncio.run(peers_part(url, peer.url, levels, args.rounds, args.max_tokens, engine))
                 finally:
                     peer.stop()
-                rows = [f"| {name} | {n} | {fmt(res[(name, n)])} |" for n in levels
-                        for name in ("milliserve", "llama_cpp.server")]  # fmt: skip
+                names = ("milliserve", "llama_cpp.server", "llama.cpp in process")
+                rows = [
+                    f"| {name} | {n} | {fmt(res[(name, n)])} |"
+                    for n in levels
+                    for name in names
+                    if (name, n) in res
+                ]
+                alone = res.get(("llama.cpp in process", 1))
+                if alone is not None and ("milliserve", 1) in res:
+                    share = res[("milliserve", 1)]["tok_s"] / alone["tok_s"]
+                    alone_note = (
+                        f" One stream through milliserve runs at {share:.0%} of llama.cpp's speed in "
+                        "process without a server (the same chats one after another, no HTTP, no client)."
+                    )
+                else:
+                    alone_note = ""
+                tok_s = {k: v["tok_s"] for k, v in res.items()}
                 ratios = [
-                    f"{n} streams: {res[('milliserve', n)]['tok_s'] / res[('llama_cpp.server', n)]['tok_s']:.2f}×"
+                    f"{n} streams: {tok_s[('milliserve', n)] / tok_s[('llama_cpp.server', n)]:.2f}×"
                     for n in levels
                 ]
                 write_section(
@@ -328,23 +427,36 @@ def main() -> None:
                     "## Streaming chat: milliserve vs llama_cpp.server (benchmarks/llm.py)\n\n"
                     f"{where}. SmolLM2-135M-Instruct Q4_1, greedy, at most {args.max_tokens} tokens, "
                     f"{args.rounds} rounds interleaved; each level sends one chat per stream at once.\n\n"
-                    f"{HEAD}\n" + "\n".join(rows) + "\n\nAggregate output tokens/s, milliserve / peer: "
-                    + ", ".join(ratios) + ".\n",
+                    f"{HEAD}\n"
+                    + "\n".join(rows)
+                    + "\n\nAggregate output tokens/s, milliserve / peer: "
+                    + ", ".join(ratios)
+                    + "."
+                    + alone_note
+                    + "\n",
                 )
             if "speculation" in parts:
                 res2 = asyncio.run(speculation_part(url, args.rounds, args.max_tokens))
-                rows = [f"| speculation {'on' if s else 'off'} | {n} | {fmt(res2[(s, n)])} |"
-                        for n in (1, 8) for s in (True, False)]  # fmt: skip
-                gains = [f"{n} streams: {res2[(True, n)]['tok_s'] / res2[(False, n)]['tok_s']:.2f}×" for n in (1, 8)]
+                rows = [
+                    f"| speculation {'on' if s else 'off'} | {n} | {fmt(res2[(s, n)])} |"
+                    for n in (1, 8)
+                    for s in (True, False)
+                ]
+                gains = [
+                    f"{n} streams: {res2[(True, n)]['tok_s'] / res2[(False, n)]['tok_s']:.2f}×"
+                    for n in (1, 8)
+                ]
                 acc = _acceptance(url)
                 write_section(
                     "llm-speculation",
                     "## Prompt-lookup speculation on grounded prompts (benchmarks/llm.py)\n\n"
                     f"{where}. Summarise/extract/rewrite prompts that quote a 90-word text; speculation "
-                    "switched per request (`\"speculative\": false`) on one server, rounds interleaved. "
+                    'switched per request (`"speculative": false`) on one server, rounds interleaved. '
                     "One stream runs the four prompts one after another; eight run at once.\n\n"
-                    f"{HEAD.replace('server', 'mode')}\n" + "\n".join(rows)
-                    + "\n\nTokens/s with / without speculation: " + ", ".join(gains)
+                    f"{HEAD.replace('server', 'mode')}\n"
+                    + "\n".join(rows)
+                    + "\n\nTokens/s with / without speculation: "
+                    + ", ".join(gains)
                     + f". Drafted tokens accepted over the run: {acc}.\n",
                 )
     if "prefix" in parts:
