@@ -16,17 +16,19 @@ import math
 import multiprocessing as mp
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from milliserve.bench.workload import Workload
 
-__all__ = ["Job", "Records", "WorkerPool"]
+__all__ = ["CONNECT_ERROR", "Job", "ProcessPool", "Records", "WorkerPool"]
 
 CONNECT_ERROR = -1
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Job:
     duration_s: float  # includes the warmup
     poisson: bool = True
     seed: int = 0
+    warmup_s: float = 0.0  # LLM mode: requests scheduled before start_at + warmup_s are not measured
+    requests: int | None = None  # LLM mode: measure this many requests instead of duration_s
 
 
 @dataclass
@@ -241,7 +245,9 @@ async def _run(w: Workload, job: Job) -> Records:
     return rec.records(time.process_time() - cpu0)
 
 
-def _worker_main(conn: Connection, workload: Workload) -> None:
+def _worker_main(
+    conn: Connection, workload: Any, runner: Callable[[Any, Job], Coroutine[Any, Any, Any]]
+) -> None:
     import uvloop
 
     conn.send("ready")  # imports are done: the parent may now schedule on tight instants
@@ -249,19 +255,28 @@ def _worker_main(conn: Connection, workload: Workload) -> None:
         job = conn.recv()
         if job is None:
             return
-        conn.send(uvloop.run(_run(workload, job)))
+        conn.send(uvloop.run(runner(workload, job)))
 
 
-class WorkerPool:
-    """``size`` worker processes that keep running between jobs."""
+class ProcessPool(Generic[R]):
+    """``size`` worker processes that keep running between jobs; each runs ``runner``
+    (a module-level coroutine function of the workload and a Job) in its own uvloop,
+    and ``merge`` joins what they return."""
 
-    def __init__(self, workload: Workload, size: int) -> None:
+    def __init__(
+        self,
+        workload: Any,
+        size: int,
+        runner: Callable[[Any, Job], Coroutine[Any, Any, R]],
+        merge: Callable[[list[R]], R],
+    ) -> None:
         ctx = mp.get_context("spawn")  # no inherited event loops or threads
+        self._merge = merge
         self._conns: list[Connection] = []
         self._procs = []
         for _ in range(size):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(child, workload), daemon=True)
+            p = ctx.Process(target=_worker_main, args=(child, workload, runner), daemon=True)
             p.start()
             self._conns.append(parent)
             self._procs.append(p)
@@ -274,23 +289,39 @@ class WorkerPool:
     def size(self) -> int:
         return len(self._procs)
 
-    def run(self, mode: str, level: float, duration_s: float, poisson: bool = True, seed: int = 0) -> Records:
-        """Run one window across the workers and return every request it made.
+    def _split(self, n: int) -> list[int]:
+        return [n // self.size + (1 if i < n % self.size else 0) for i in range(self.size)]
 
-        Closed loop spreads ``level`` connections over the workers; open loop splits the rate.
+    def run_job(
+        self,
+        mode: str,
+        level: float,
+        duration_s: float,
+        poisson: bool = True,
+        seed: int = 0,
+        warmup_s: float = 0.0,
+        requests: int | None = None,
+    ) -> R:
+        """Run one job across the workers and merge what each returns.
+
+        Closed loop spreads ``level`` connections over the workers; open loop splits the
+        rate; ``requests`` (a count to measure) is split like connections.
         """
         shares: list[float]
         if mode == "closed":
-            shares = [
-                int(level) // self.size + (1 if i < int(level) % self.size else 0) for i in range(self.size)
-            ]
+            shares = [float(s) for s in self._split(int(level))]
         else:
             shares = [level / self.size] * self.size
+        counts: list[int | None] = list(self._split(requests)) if requests is not None else [None] * self.size
         start_at = time.monotonic() + 0.2  # every worker starts on the same instant
-        active = [(c, share) for c, share in zip(self._conns, shares, strict=True) if share > 0]
-        for i, (c, share) in enumerate(active):
-            c.send(Job(mode, share, start_at, duration_s, poisson, seed * 1000 + i))
-        return Records.merge([c.recv() for c, _ in active])
+        active = [
+            (c, share, n)
+            for c, share, n in zip(self._conns, shares, counts, strict=True)
+            if share > 0 and n != 0
+        ]
+        for i, (c, share, n) in enumerate(active):
+            c.send(Job(mode, share, start_at, duration_s, poisson, seed * 1000 + i, warmup_s, n))
+        return self._merge([c.recv() for c, _, _ in active])
 
     def close(self) -> None:
         for c in self._conns:
@@ -300,3 +331,14 @@ class WorkerPool:
             p.join(5)
             if p.is_alive():
                 p.kill()
+
+
+class WorkerPool(ProcessPool[Records]):
+    """The tensor-mode pool: each worker sends pre-encoded OIP requests."""
+
+    def __init__(self, workload: Workload, size: int) -> None:
+        super().__init__(workload, size, _run, Records.merge)
+
+    def run(self, mode: str, level: float, duration_s: float, poisson: bool = True, seed: int = 0) -> Records:
+        """Run one window across the workers and return every request it made."""
+        return self.run_job(mode, level, duration_s, poisson, seed)

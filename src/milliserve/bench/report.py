@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -152,7 +152,12 @@ def print_report(report: BenchReport, console: Console) -> None:
         console.print(cmp)
 
 
-def write_json(report: BenchReport, path: Path) -> None:
+class _Dumpable(Protocol):
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+def write_json(report: _Dumpable, path: Path) -> None:
+    """Write ``report.as_dict()`` (a tensor or an LLM report) as indented JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report.as_dict(), indent=2))
 

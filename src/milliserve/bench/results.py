@@ -10,7 +10,15 @@ from hdrh.histogram import HdrHistogram
 
 from milliserve.bench.loadgen import CONNECT_ERROR, Records
 
-__all__ = ["LATE_SEND_S", "PERCENTILES", "LevelResult", "find_stalls", "summarize"]
+__all__ = [
+    "LATE_SEND_S",
+    "PERCENTILES",
+    "LevelResult",
+    "error_key",
+    "find_stalls",
+    "hdr_percentiles",
+    "summarize",
+]
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 # A send that leaves more than this after its scheduled instant counts as late.
@@ -64,8 +72,26 @@ class LevelResult:
         }
 
 
-def _error_key(status: int, messages: dict[int, str]) -> str:
-    if status == CONNECT_ERROR:
+def hdr_percentiles(values_us: np.ndarray[Any, Any]) -> tuple[dict[str, float], HdrHistogram]:
+    """PERCENTILES, max and mean of ``values_us`` through an HDR histogram (1 µs to 1 h,
+    3 significant digits); empty when there are no values."""
+    hist = HdrHistogram(1, 3_600_000_000, 3)
+    for v in values_us:
+        hist.record_value(min(max(int(v), 1), 3_600_000_000))
+    if not values_us.size:
+        return {}, hist
+    pct = {f"p{p:g}": float(hist.get_value_at_percentile(p)) for p in PERCENTILES}
+    pct["max"] = float(hist.get_max_value())
+    pct["mean"] = float(hist.get_mean_value())
+    return pct, hist
+
+
+def error_key(status: int, messages: dict[int, str], kinds: dict[int, str] | None = None) -> str:
+    """``kind: first message`` for a status: ``http 503: ...``, ``connection: ...``, or
+    the name ``kinds`` gives a client's own negative codes."""
+    if kinds and status in kinds:
+        kind = kinds[status]
+    elif status == CONNECT_ERROR:
         kind = "connection"
     elif status >= 1000:
         import grpc
@@ -117,17 +143,11 @@ def summarize(
     intended, sent, done, status = rec.intended[keep], rec.sent[keep], rec.done[keep], rec.status[keep]
     latency_us = np.maximum((done - intended) * 1e6, 1.0)
     ok = status == 200
-    hist = HdrHistogram(1, 3_600_000_000, 3)
-    for v in latency_us[ok]:
-        hist.record_value(int(v))
+    pct, hist = hdr_percentiles(latency_us[ok])
     window = measure_to - measure_from
-    pct = {f"p{p:g}": float(hist.get_value_at_percentile(p)) for p in PERCENTILES} if ok.any() else {}
-    if ok.any():
-        pct["max"] = float(hist.get_max_value())
-        pct["mean"] = float(hist.get_mean_value())
     errors: dict[str, int] = {}
     for s in status[~ok]:
-        key = _error_key(int(s), rec.messages)
+        key = error_key(int(s), rec.messages)
         errors[key] = errors.get(key, 0) + 1
     lateness = sent - intended
     offsets = intended - measure_from

@@ -21,7 +21,15 @@ from milliserve.bench.server_metrics import scrape, server_split
 from milliserve.bench.workload import Workload, build_workload, parse_target
 from milliserve.errors import ConfigError
 
-__all__ = ["DEFAULT_WORKERS", "BenchConfig", "BenchReport", "client_workers", "run_bench"]
+__all__ = [
+    "DEFAULT_WORKERS",
+    "BenchConfig",
+    "BenchReport",
+    "Progress",
+    "client_workers",
+    "machine_info",
+    "run_bench",
+]
 
 Progress = Callable[[str, float], None]  # (what is running, its planned seconds)
 
@@ -119,7 +127,8 @@ class BenchReport:
         }
 
 
-def _machine(workers: int) -> dict[str, Any]:
+def machine_info(workers: int) -> dict[str, Any]:
+    """The CPU, its core count and the client's process count, for every report."""
     model = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
@@ -243,7 +252,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
         )
         other.split_writes = cfg.split_writes
         pools.append((WorkerPool(other, workers), None, other))
-    report = BenchReport(cfg, _machine(workers), [])
+    report = BenchReport(cfg, machine_info(workers), [])
     if cfg.calibrate:
         if progress:
             progress("calibrating against a null server", 1.3)
