@@ -1,5 +1,6 @@
 """PNG plots of a benchmark: latency CDF (log scale), percentiles against
-throughput across the sweep, and latency over time (stalls show as spikes).
+throughput across the sweep, and latency over time (stalls show as spikes); for
+the LLM mode, TTFT and ITL CDFs and their percentiles against output tokens/s.
 Needs matplotlib (the ``bench`` extra)."""
 
 from __future__ import annotations
@@ -8,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from milliserve.bench.llm_runner import LlmBenchReport
 from milliserve.bench.runner import BenchReport
 from milliserve.plotting import pyplot
 
-__all__ = ["write_plots"]
+__all__ = ["write_llm_plots", "write_plots"]
 
 
 def write_plots(report: BenchReport, out_dir: Path) -> list[Path]:
@@ -63,6 +65,51 @@ def write_plots(report: BenchReport, out_dir: Path) -> list[Path]:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(markerscale=4)
     paths.append(out_dir / "latency_over_time.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+    return paths
+
+
+def write_llm_plots(report: LlmBenchReport, out_dir: Path) -> list[Path]:
+    """Write ``ttft_cdf.png``, ``itl_cdf.png`` and ``latency_vs_tokens_per_s.png`` into
+    ``out_dir``; returns their paths."""
+    plt = pyplot("milliserve bench --llm --plot")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for key, what in (("ttft_ms", "time to first token"), ("itl_ms", "inter-token latency")):
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for lv in report.levels:
+            values = np.sort(lv.samples.get(key, np.zeros(0)))
+            values = values[values > 0]
+            if values.size:
+                ax.plot(values, np.arange(1, values.size + 1) / values.size, label=lv.label)
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{what} (ms, log scale)")
+        ax.set_ylabel("fraction")
+        ax.set_title(f"{what.capitalize()} CDF: {report.config.model}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        paths.append(out_dir / f"{key.removesuffix('_ms')}_cdf.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    xs = [lv.output_tokens_per_s for lv in report.levels]
+    for name, key, stat in (
+        ("TTFT p50", "ttft_ms", "p50"),
+        ("TTFT p99", "ttft_ms", "p99"),
+        ("ITL p50", "itl_ms", "p50"),
+        ("ITL p99", "itl_ms", "p99"),
+    ):
+        ys = [getattr(lv, key).get(stat, np.nan) for lv in report.levels]
+        ax.plot(xs, ys, marker="o", label=name)
+    ax.set_xlabel("output tokens/s (all streams)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title("Latency against output tokens/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    paths.append(out_dir / "latency_vs_tokens_per_s.png")
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
     return paths
