@@ -135,3 +135,87 @@ def test_cold_start_needs_the_repository_api(server: ServerProcess) -> None:
         f"http://{server.http_url}", "-m", "fraud_mlp", "--cold-start", "--no-calibrate", "--duration", "0.5"
     )
     assert r.returncode == 1 and "--model-control-mode explicit" in r.stderr
+
+
+def test_llm_mode_against_milliserve_on_smollm2(llm_server: ServerProcess, tmp_path: Path) -> None:
+    out = tmp_path / "llm.json"
+    prompts = tmp_path / "prompts.txt"  # short ones: the server refuses what would miss its TTFT budget
+    prompts.write_text("Say hello.\nName a colour.\nCount to three.\n")
+    r = bench(
+        f"http://{llm_server.http_url}/v1",
+        "--llm",
+        "--prompts",
+        str(prompts),
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "2",
+        "--max-tokens",
+        "8",
+        "--warmup",
+        "0.2",
+        "--no-calibrate",
+        "--json",
+        str(out),
+        "--csv",
+        str(tmp_path / "llm.csv"),
+        "--plot",
+        str(tmp_path / "plots"),
+    )
+    assert r.returncode == 0, r.stderr
+    assert "concurrency 2" in r.stdout and "goodput" in r.stdout and "TTFT" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "smollm2"  # asked of /v1/models
+    assert doc["config"]["endpoint"] == "/v1/chat/completions" and doc["config"]["workers"] == 1
+    one, two = doc["levels"]
+    assert one["requests"] == one["ok"] == 2 and one["errors"] == {}, json.dumps(one)
+    # two streams on a loaded 2-core machine may meet the server's TTFT budget: a refusal
+    # (429) is the server's answer, counted as such
+    assert two["requests"] == 2 and two["ok"] + sum(two["errors"].values()) == 2, json.dumps(two)
+    assert all(k.startswith("http 429") for k in two["errors"]), two["errors"]
+    for lv in (lv for lv in (one, two) if lv["ok"]):
+        assert 0 < lv["output_tokens"]["mean"] <= 8 and lv["usage_reported"] == 1.0
+        assert 0 < lv["ttft_ms"]["p50"] <= lv["e2e_ms"]["p50"]
+        assert lv["output_tokens_per_s"] > 0 and lv["throughput"] > 0
+        assert "server-timing.ttft" in lv["server"]  # milliserve's own account, from the last chunk
+    assert (tmp_path / "llm.csv").read_text().startswith("target,mode,level")
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {
+        "ttft_cdf.png",
+        "itl_cdf.png",
+        "latency_vs_tokens_per_s.png",
+    }
+
+
+def test_llm_mode_reads_awkward_streams_and_counts_errors(tmp_path: Path) -> None:
+    # the fake OpenAI server stands in for a real one here: it tests the client only
+    # (CRLF, events split across writes, keep-alive comments, a 500 every third request)
+    from milliserve.bench.fake_openai import fake_openai_process
+
+    out = tmp_path / "llm.json"
+    awkward = ("--tokens", "6", "--crlf", "--split", "--comments", "--error-every", "3")
+    with fake_openai_process(*awkward) as url:
+        r = bench(
+            url, "--llm", "--endpoint", "completions", "--requests", "6", "--warmup", "0", "--json", str(out)
+        )
+    assert r.returncode == 0, r.stderr
+    (lv,) = json.loads(out.read_text())["levels"]
+    assert lv["requests"] == 6 and lv["ok"] == 4 and lv["output_tokens"]["mean"] == 6
+    assert lv["errors"] == {"http 500: fake overload": 2}
+    assert "2 × http 500: fake overload" in r.stdout
+    assert json.loads(out.read_text())["calibration"]["null_server_ttft_p50_ms"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--llm", "--shape", "x:1", "-m", "m"], 2, "--shape: not used with --llm"),
+        (["--max-tokens", "8", "-m", "m"], 2, "--max-tokens: only with --llm"),
+        (["--llm"], 1, "give --model"),
+        (["--llm", "-m", "m", "--prompts", "builtin:poems"], 1, "unknown set"),
+        (["--llm", "-m", "m", "--extra-body", "[1]"], 2, "is not a JSON object"),
+    ],
+)
+def test_llm_mode_bad_arguments_fail_clearly(args: list[str], code: int, message: str) -> None:
+    r = bench(f"http://127.0.0.1:{free_port()}", *args, "--no-calibrate", "--duration", "0.5")
+    assert r.returncode == code, r.stdout + r.stderr
+    assert message in r.stderr

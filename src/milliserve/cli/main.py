@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from milliserve._version import __version__
+from milliserve.cli.bench import add_bench_parser
 from milliserve.cli.serve import UsageError, parse_bool, serve_settings
 
 __all__ = ["main"]
@@ -74,21 +75,6 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _levels(text: str, kind: type) -> list:  # type: ignore[type-arg]
-    """``1,2,4`` or a range ``1:16:2`` (start:stop:multiplier for concurrency, step for rates)."""
-    try:
-        if ":" in text:
-            start, stop, step = (kind(x) for x in [*text.split(":"), "2"][:3])
-            out, v = [], start
-            while v <= stop:
-                out.append(v)
-                v = v * step if kind is int else v + step
-            return out
-        return [kind(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,2,4 or a range like 1:16") from None
-
-
 def _ints(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x]
@@ -97,16 +83,6 @@ def _ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of positive sizes like 1,8,32")
     return values
-
-
-def _shape(text: str) -> tuple[str, list[int]]:
-    name, _, dims = text.partition(":")
-    try:
-        return name, [int(d) for d in dims.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--shape {text!r} must look like NAME:16 or NAME:3,224,224"
-        ) from None
 
 
 def _features_load(args: argparse.Namespace) -> int:
@@ -152,74 +128,6 @@ def _budget_report(args: argparse.Namespace) -> int:
     if args.plot:
         console.print(f"waterfall: {plot_waterfall(report, args.plot / f'budget-{report.model}.png')}")
     return 3 if report.over_budget and args.fail_over else 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from milliserve.bench.report import print_report, write_csv, write_json
-    from milliserve.bench.runner import BenchConfig, run_bench
-    from milliserve.plotting import pyplot
-
-    if args.plot:
-        pyplot("milliserve bench --plot")  # before the run: fail now if it cannot draw
-    cfg = BenchConfig(
-        url=args.url,
-        model=args.model,
-        version=args.model_version or "",
-        concurrency=args.concurrency or [],
-        rates=args.rate or [],
-        poisson=not args.constant,
-        duration_s=args.duration,
-        warmup_s=args.warmup,
-        stability_pct=args.stability,
-        window_s=args.window,
-        batch=args.batch_size,
-        data=args.data,
-        shapes=dict(args.shape or []),
-        binary=not args.json_tensors,
-        split_writes=args.split_writes,
-        workers=args.workers,
-        metrics_url=args.metrics_url,
-        compare_url=args.compare,
-        rounds=args.rounds,
-        calibrate=not args.no_calibrate,
-        cold_start=args.cold_start,
-    )
-    console = Console(stderr=True)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        state: dict[str, TaskID] = {}
-
-        def step(what: str, seconds: float) -> None:
-            # one bar per window, driven by rich's refresh thread from the planned length
-            if "task" in state:
-                progress.update(state["task"], completed=progress.tasks[-1].total)
-            state["task"] = progress.add_task(what, total=seconds)
-            progress.start_task(state["task"])
-
-        report = run_bench(cfg, step)
-    out = Console()
-    if not out.is_terminal:  # piped or captured: don't wrap the table at 80 columns
-        out = Console(width=180)
-    print_report(report, out)
-    if args.json:
-        write_json(report, args.json)
-    if args.csv:
-        write_csv(report, args.csv)
-    if args.plot:
-        from milliserve.bench.plots import write_plots
-
-        for path in write_plots(report, args.plot):
-            console.print(f"wrote {path}")
-    return 0
 
 
 def _optimize(args: argparse.Namespace) -> int:
@@ -326,59 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     eb.add_argument("--only", action="append", metavar="NAME", help="fraud_mlp or minilm; repeatable")
     eb.set_defaults(func=_examples_build)
 
-    b = sub.add_parser("bench", help="measure latency and throughput of any OIP server")
-    b.add_argument("url", help="http://host:port or grpc://host:port")
-    b.add_argument("-m", "--model", required=True)
-    b.add_argument("--model-version", default="")
-    load = b.add_mutually_exclusive_group()
-    load.add_argument(
-        "--concurrency", type=lambda t: _levels(t, int), help="closed loop: 1,2,4,8 or 1:8 (doubling)"
-    )
-    load.add_argument("--rate", type=lambda t: _levels(t, float), help="open loop requests/s: 100,200,400")
-    b.add_argument("--constant", action="store_true", help="constant arrivals instead of Poisson (open loop)")
-    b.add_argument("--duration", type=float, default=5.0, help="measured seconds per level (default 5)")
-    b.add_argument(
-        "--warmup", type=float, default=1.0, help="seconds not counted before each level (default 1)"
-    )
-    b.add_argument(
-        "--stability",
-        type=float,
-        default=None,
-        metavar="PCT",
-        help="run windows until 3 agree within PCT%% on throughput and p99 (like perf_analyzer -s)",
-    )
-    b.add_argument("--window", type=float, default=2.0, help="window seconds with --stability (default 2)")
-    b.add_argument("-b", "--batch-size", type=int, default=1)
-    b.add_argument(
-        "--shape", action="append", type=_shape, metavar="NAME:DIMS", help="dims of a variable input"
-    )
-    b.add_argument("--data", default="random", help="random, zero, or a JSON file of OIP request bodies")
-    b.add_argument("--json-tensors", action="store_true", help="HTTP: JSON tensors instead of binary")
-    b.add_argument(
-        "--split-writes",
-        action="store_true",
-        help="HTTP: send each request's head and body in two writes, as libcurl (perf_analyzer) does",
-    )
-    b.add_argument(
-        "--workers",
-        type=int,
-        default=0,
-        help="client processes (default 1: each one takes a core from a server on the same machine; "
-        "add more only when the late-send warning says one cannot keep up)",
-    )
-    b.add_argument("--metrics-url", default=None, help="server Prometheus endpoint, for queue/compute split")
-    b.add_argument("--compare", default=None, metavar="URL2", help="run URL2 too, A B A B, and print ratios")
-    b.add_argument("--rounds", type=int, default=3, help="rounds per target with --compare (default 3)")
-    b.add_argument("--no-calibrate", action="store_true", help="skip the null-server calibration run")
-    b.add_argument(
-        "--cold-start",
-        action="store_true",
-        help="unload and load the model through the repository API and measure the cold start",
-    )
-    b.add_argument("--json", type=Path, default=None, help="write the results as JSON")
-    b.add_argument("--csv", type=Path, default=None, help="write the results as CSV")
-    b.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")
-    b.set_defaults(func=_bench)
+    add_bench_parser(sub)
 
     o = sub.add_parser("optimize", help="build, measure and ship the fastest variant of a model")
     o.add_argument(
