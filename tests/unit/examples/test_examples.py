@@ -68,4 +68,5 @@ def test_smollm2_comes_from_the_installed_package(llm_repo: Path) -> None:
     gguf = llm_repo / "smollm2" / "1" / "model.gguf"
     assert gguf.resolve() == packaged_gguf()
     cfg = load_model_config(llm_repo / "smollm2")
-    assert cfg is not None and cfg.backend == "llama_cpp" and cfg.budget is not None and cfg.budget.ttft_ms == 1000
+    assert cfg is not None and cfg.backend == "llama_cpp"
+    assert cfg.budget is not None and cfg.budget.ttft_ms == 1000
