@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from milliserve.runtime.stats import GenerationStats
 
-__all__ = ["Engine", "Event", "GenRequest", "TokenModel"]
+__all__ = ["Engine", "Event", "GenRequest", "ThreadChoice", "TokenModel"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,9 @@ class TokenModel(Protocol):
 
     n_ctx_seq: int
     batch_capacity: int
+    threads: tuple[int, int]
+
+    def set_threads(self, n: int, n_batch: int) -> None: ...
 
     def piece(self, token: int, special: bool = False) -> bytes: ...
 
@@ -152,6 +155,44 @@ class _Prefix:
     used_at: float
 
 
+class ThreadChoice:
+    """How many threads a step of several tokens uses: the fewer or the more of the two the
+    config allows, whichever has measured faster per token lately. On a machine shared
+    with other work, llama.cpp's threads can spin against the other processes and two
+    threads can be several times slower than one; which is faster changes with the load,
+    so every ``explore_every``-th step of a kind tries the other count."""
+
+    def __init__(self, low: int, high: int, explore_every: int = 16) -> None:
+        self.options = sorted({low, high})
+        self.explore_every = explore_every
+        self._cost: dict[tuple[str, int], float] = {}
+        self._steps: dict[str, int] = {}
+
+    def pick(self, kind: str) -> int:
+        if len(self.options) == 1:
+            return self.options[0]
+        known = {n: self._cost.get((kind, n)) for n in self.options}
+        unknown = [n for n, c in known.items() if c is None]
+        if unknown:
+            return unknown[0]
+        best = min(self.options, key=lambda n: known[n] or 0.0)
+        step = self._steps.get(kind, 0) + 1
+        self._steps[kind] = step
+        if step % self.explore_every == 0:
+            return next(n for n in self.options if n != best)
+        return best
+
+    def record(self, kind: str, threads: int, seconds_per_token: float) -> None:
+        key = (kind, threads)
+        old = self._cost.get(key)
+        self._cost[key] = seconds_per_token if old is None else 0.7 * old + 0.3 * seconds_per_token
+
+    def chosen(self, kind: str) -> int:
+        """The count ``pick`` prefers now (for reports)."""
+        inf = float("inf")
+        return min(self.options, key=lambda n: self._cost.get((kind, n), inf))
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -197,6 +238,8 @@ class Engine:
         # estimates, seeded by warmup(): seconds of a decode-only step, seconds per prefill token
         self.step_s = 0.02
         self.prefill_token_s = 0.003
+        self.single_threads, batch_threads = model.threads
+        self.threads = ThreadChoice(self.single_threads, batch_threads)
         self.stats.running = lambda: len(self._running)
         self.stats.waiting = lambda: len(self._waiting) + len(self._incoming)
         self.stats.kv_tokens = lambda: sum(s.n_past for s in self._running)
@@ -357,6 +400,11 @@ class Engine:
                 logits[-1] = True
             prefill.append((s, n, len(tokens) - 1 if done else -1))
             budget -= n
+        n_tok = len(tokens)
+        kind = "prefill" if n_tok - len(plan) >= 32 else "batch"
+        threads = self.threads.pick(kind) if n_tok > 1 else self.single_threads
+        if n_tok > 1:
+            m.set_threads(self.single_threads, threads)
         t0 = time.perf_counter()
         try:
             m.decode(tokens, pos, seqs, logits)
@@ -367,6 +415,8 @@ class Engine:
                     self._finish(s, "error", time.perf_counter(), f"the engine failed: {exc}")
             return
         t1 = time.perf_counter()
+        if n_tok > 1:
+            self.threads.record(kind, threads, (t1 - t0) / n_tok)
         self._learn(t1 - t0, len(tokens), len(decoding), sum(n for _, n, _ in prefill))
         self.stats.steps += 1
         # prefill progress and first tokens

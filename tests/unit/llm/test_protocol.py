@@ -95,3 +95,18 @@ def test_answers() -> None:
     )
     err = openai_error(429, "slow down")["error"]
     assert err["type"] == "rate_limit_error" and err["code"] == "rate_limit_exceeded"
+
+
+def test_thread_choice_follows_measurements_and_keeps_exploring() -> None:
+    from milliserve.llm.engine import ThreadChoice
+
+    tc = ThreadChoice(1, 2, explore_every=4)
+    first = tc.pick("batch")
+    tc.record("batch", first, 0.001 if first == 1 else 0.010)
+    second = tc.pick("batch")
+    assert second != first  # the other count is measured before choosing
+    tc.record("batch", second, 0.001 if second == 1 else 0.010)
+    picks = [tc.pick("batch") for _ in range(8)]
+    assert picks.count(1) == 6 and picks.count(2) == 2  # mostly the faster, now and then the other
+    assert tc.chosen("batch") == 1
+    assert ThreadChoice(2, 2).pick("prefill") == 2
