@@ -156,41 +156,53 @@ class _Prefix:
 
 
 class ThreadChoice:
-    """How many threads a step of several tokens uses: the fewer or the more of the two the
-    config allows, whichever has measured faster per token lately. On a machine shared
-    with other work, llama.cpp's threads can spin against the other processes and two
-    threads can be several times slower than one; which is faster changes with the load,
-    so every ``explore_every``-th step of a kind tries the other count."""
+    """How many threads a step of several tokens uses: ``n_threads_batch`` (the config's
+    choice) unless the other count (``n_threads``) has measured at least 10% faster per
+    token, over at least 3 steps of the same size, lately. On a machine shared with other
+    work, llama.cpp's threads can spin against the other processes and two threads can be
+    slower than one; which is faster changes with the load, so every
+    ``explore_every``-th step of a size tries the other count."""
 
     def __init__(self, low: int, high: int, explore_every: int = 16) -> None:
-        self.options = sorted({low, high})
+        self.default = high
+        self.other = low
         self.explore_every = explore_every
-        self._cost: dict[tuple[str, int], float] = {}
-        self._steps: dict[str, int] = {}
+        self._cost: dict[tuple[int, int], tuple[float, int]] = {}  # (size, threads) -> (ewma, n)
+        self._steps: dict[int, int] = {}
 
-    def pick(self, kind: str) -> int:
-        if len(self.options) == 1:
-            return self.options[0]
-        known = {n: self._cost.get((kind, n)) for n in self.options}
-        unknown = [n for n, c in known.items() if c is None]
-        if unknown:
-            return unknown[0]
-        best = min(self.options, key=lambda n: known[n] or 0.0)
-        step = self._steps.get(kind, 0) + 1
-        self._steps[kind] = step
-        if step % self.explore_every == 0:
-            return next(n for n in self.options if n != best)
+    @staticmethod
+    def size(n_tokens: int) -> int:
+        """Steps are compared with steps of the same size (exact up to 16 tokens, then by 64)."""
+        return n_tokens if n_tokens <= 16 else 16 + n_tokens // 64 * 64
+
+    def _better(self, size: int) -> int:
+        mine = self._cost.get((size, self.default))
+        alt = self._cost.get((size, self.other))
+        if mine is None or alt is None or mine[1] < 3 or alt[1] < 3:
+            return self.default
+        return self.other if alt[0] < 0.9 * mine[0] else self.default
+
+    def pick(self, n_tokens: int) -> int:
+        if self.default == self.other:
+            return self.default
+        size = self.size(n_tokens)
+        step = self._steps.get(size, 0) + 1
+        self._steps[size] = step
+        best = self._better(size)
+        if step % self.explore_every == 0 or (step <= 3 * self.explore_every and step % 4 == 0):
+            return self.other if best == self.default else self.default  # explore (more at first)
         return best
 
-    def record(self, kind: str, threads: int, seconds_per_token: float) -> None:
-        key = (kind, threads)
+    def record(self, n_tokens: int, threads: int, seconds_per_token: float) -> None:
+        key = (self.size(n_tokens), threads)
         old = self._cost.get(key)
-        self._cost[key] = seconds_per_token if old is None else 0.7 * old + 0.3 * seconds_per_token
+        self._cost[key] = (
+            (seconds_per_token, 1) if old is None else (0.7 * old[0] + 0.3 * seconds_per_token, old[1] + 1)
+        )
 
-    def chosen(self, kind: str) -> int:
-        """The count ``pick`` prefers now (for reports)."""
-        inf = float("inf")
-        return min(self.options, key=lambda n: self._cost.get((kind, n), inf))
+    def chosen(self, n_tokens: int) -> int:
+        """The count preferred now for steps of ``n_tokens``."""
+        return self._better(self.size(n_tokens))
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -401,8 +413,7 @@ class Engine:
             prefill.append((s, n, len(tokens) - 1 if done else -1))
             budget -= n
         n_tok = len(tokens)
-        kind = "prefill" if n_tok - len(plan) >= 32 else "batch"
-        threads = self.threads.pick(kind) if n_tok > 1 else self.single_threads
+        threads = self.threads.pick(n_tok) if n_tok > 1 else self.single_threads
         if n_tok > 1:
             m.set_threads(self.single_threads, threads)
         t0 = time.perf_counter()
@@ -416,7 +427,7 @@ class Engine:
             return
         t1 = time.perf_counter()
         if n_tok > 1:
-            self.threads.record(kind, threads, (t1 - t0) / n_tok)
+            self.threads.record(n_tok, threads, (t1 - t0) / n_tok)
         self._learn(t1 - t0, len(tokens), len(decoding), sum(n for _, n, _ in prefill))
         self.stats.steps += 1
         # prefill progress and first tokens

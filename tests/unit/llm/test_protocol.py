@@ -100,13 +100,15 @@ def test_answers() -> None:
 def test_thread_choice_follows_measurements_and_keeps_exploring() -> None:
     from milliserve.llm.engine import ThreadChoice
 
-    tc = ThreadChoice(1, 2, explore_every=4)
-    first = tc.pick("batch")
-    tc.record("batch", first, 0.001 if first == 1 else 0.010)
-    second = tc.pick("batch")
-    assert second != first  # the other count is measured before choosing
-    tc.record("batch", second, 0.001 if second == 1 else 0.010)
-    picks = [tc.pick("batch") for _ in range(8)]
-    assert picks.count(1) == 6 and picks.count(2) == 2  # mostly the faster, now and then the other
-    assert tc.chosen("batch") == 1
-    assert ThreadChoice(2, 2).pick("prefill") == 2
+    tc = ThreadChoice(1, 2, explore_every=8)
+    assert tc.pick(8) == 2  # the config's count until the other is measured better
+    for _ in range(3):
+        tc.record(8, 2, 0.010)
+        tc.record(8, 1, 0.001)
+    assert tc.chosen(8) == 1 and tc.chosen(4) == 2  # sizes are compared with their own kind
+    picks = [tc.pick(8) for _ in range(40)]
+    assert picks.count(1) > picks.count(2) > 0  # mostly the faster, now and then the other
+    tc.record(8, 1, 0.5)  # the machine got busy: one thread is slow now
+    tc.record(8, 1, 0.5)
+    assert tc.chosen(8) == 2
+    assert ThreadChoice(2, 2).pick(100) == 2
