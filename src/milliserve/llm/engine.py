@@ -22,6 +22,7 @@ the model through ``TokenModel`` (``backends/llama_cpp.py`` implements it).
 from __future__ import annotations
 
 import codecs
+import heapq
 import logging
 import threading
 import time
@@ -239,7 +240,7 @@ class Engine:
         self.speculate_below = speculate_below
         self.itl_budget_s = itl_budget_s
         self.stats = stats or GenerationStats()
-        self._free = list(range(max_sequences - 1, -1, -1))
+        self._free = list(range(max_sequences))  # a heap: the lowest free slot first
         self._prefixes: list[_Prefix] = []
         self._prefix_free = list(range(max_sequences + prefix_slots - 1, max_sequences - 1, -1))
         self._running: list[_Seq] = []
@@ -379,39 +380,51 @@ class Engine:
             self._admit(self._waiting.popleft(), now)
         if not self._running:
             return
-        # the batch
+        # the batch. With one KV buffer per sequence, llama.cpp splits a batch into micro-batches
+        # of sequences whose ids follow each other (0, 1, 2, ...) in batch order, each one
+        # more pass over the weights: the entries go in slot order, and slots are handed out
+        # lowest first, so that a step is one pass (two when a prompt chunk is longer).
+        decoding = [s for s in self._running if s.prefilled == len(s.req.prompt)]
+        speculate = self.draft_tokens > 0 and len(decoding) < self.speculate_below
+        feed: dict[int, list[int]] = {}  # slot -> tokens this step (decoding: last + drafts)
+        drafts_of: dict[int, list[int]] = {}
+        for s in decoding:
+            drafts = self._draft(s) if speculate and s.req.speculate else []
+            drafts_of[s.slot] = drafts
+            feed[s.slot] = [s.last, *drafts]
+        budget = self._prefill_budget(sum(len(f) for f in feed.values()))
+        chunk: dict[int, int] = {}  # slot -> prompt tokens prefilled this step (oldest first)
+        for s in self._running:
+            left = len(s.req.prompt) - s.prefilled
+            if left <= 0 or budget <= 0:
+                continue
+            chunk[s.slot] = n = min(left, budget)
+            budget -= n
         tokens: list[int] = []
         pos: list[int] = []
         seqs: list[int] = []
         logits: list[bool] = []
         plan: list[tuple[_Seq, int, list[int]]] = []  # (seq, first index, drafts) of decoding seqs
-        decoding = [s for s in self._running if s.prefilled == len(s.req.prompt)]
-        speculate = self.draft_tokens > 0 and len(decoding) < self.speculate_below
-        for s in decoding:
-            drafts = self._draft(s) if speculate and s.req.speculate else []
-            plan.append((s, len(tokens), drafts))
-            for j, t in enumerate([s.last, *drafts]):
-                tokens.append(t)
-                pos.append(s.n_past + j)
-                seqs.append(s.slot)
-                logits.append(True)
-        budget = self._prefill_budget(len(tokens))
         prefill: list[tuple[_Seq, int, int]] = []  # (seq, chunk length, logits index or -1)
-        for s in self._running:
-            left = len(s.req.prompt) - s.prefilled
-            if left <= 0 or budget <= 0:
-                continue
-            n = min(left, budget)
-            done = n == left
-            for i in range(s.prefilled, s.prefilled + n):
-                tokens.append(s.req.prompt[i])
-                pos.append(i)
-                seqs.append(s.slot)
-                logits.append(False)
-            if done:
-                logits[-1] = True
-            prefill.append((s, n, len(tokens) - 1 if done else -1))
-            budget -= n
+        for s in sorted(self._running, key=lambda x: x.slot):
+            if s.slot in feed:
+                plan.append((s, len(tokens), drafts_of[s.slot]))
+                for j, t in enumerate(feed[s.slot]):
+                    tokens.append(t)
+                    pos.append(s.n_past + j)
+                    seqs.append(s.slot)
+                    logits.append(True)
+            elif s.slot in chunk:
+                n = chunk[s.slot]
+                done = s.prefilled + n == len(s.req.prompt)
+                for i in range(s.prefilled, s.prefilled + n):
+                    tokens.append(s.req.prompt[i])
+                    pos.append(i)
+                    seqs.append(s.slot)
+                    logits.append(False)
+                if done:
+                    logits[-1] = True
+                prefill.append((s, n, len(tokens) - 1 if done else -1))
         n_tok = len(tokens)
         threads = self.threads.pick(n_tok) if n_tok > 1 else self.single_threads
         if n_tok > 1:
@@ -468,7 +481,7 @@ class Engine:
 
     def _admit(self, req: GenRequest, now: float) -> None:
         m = self.model
-        slot = self._free.pop()
+        slot = heapq.heappop(self._free)
         reused = 0
         best: _Prefix | None = None
         for p in self._prefixes:
@@ -612,7 +625,7 @@ class Engine:
         self._running.remove(s)
         m.seq_remove(s.slot)
         m.free_sampler(s.sampler)
-        self._free.append(s.slot)
+        heapq.heappush(self._free, s.slot)
         req = s.req
         st = self.stats
         self._count(reason)
