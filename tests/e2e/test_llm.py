@@ -116,7 +116,9 @@ def test_eight_streams_interleave(llm_server: ServerProcess) -> None:
     """Continuous batching: every stream's first token arrives before the first stream ends."""
 
     async def main() -> tuple[list[float], list[float]]:
-        ac = openai.AsyncOpenAI(base_url=f"http://{llm_server.http_url}/v1", api_key="x", max_retries=0)
+        # the example's budget (ttft_ms 1000) may refuse some of 8 simultaneous chats on a busy
+        # machine: the SDK retries a 429 after a short back-off, as a client should
+        ac = openai.AsyncOpenAI(base_url=f"http://{llm_server.http_url}/v1", api_key="x", max_retries=8)
         firsts: list[float] = []
         ends: list[float] = []
 
@@ -153,7 +155,9 @@ def _stream_then_disconnect(server: ServerProcess, path: str, body: dict[str, An
         s.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
         got = b""
         while b"data:" not in got:  # the stream has begun
-            got += s.recv(65536)
+            more = s.recv(65536)
+            assert more, f"the server closed the connection: {got[:300]!r}"
+            got += more
 
 
 def test_disconnect_frees_the_sequence(llm_server: ServerProcess) -> None:

@@ -251,6 +251,7 @@ class Engine:
         # estimates, seeded by warmup(): seconds of a decode-only step, seconds per prefill token
         self.step_s = 0.02
         self.prefill_token_s = 0.003
+        self.mean_output = 128.0  # tokens a finished request generated, on average (EWMA)
         self.single_threads, batch_threads = model.threads
         self.threads = ThreadChoice(self.single_threads, batch_threads)
         self.stats.running = lambda: len(self._running)
@@ -297,18 +298,26 @@ class Engine:
 
     def estimate_ttft(self, prompt_tokens: int) -> float:
         """Seconds until a request of ``prompt_tokens`` (after prefix reuse) would get its
-        first token, given the queue and the running batch. Read without a lock."""
+        first token, given the queue and the running batch. Read without a lock.
+
+        The prompts ahead count net of the prefix cache; when every slot is taken, a slot
+        frees when the soonest running sequence ends, expected after the usual output length
+        (learned from finished requests) or its ``max_tokens``, whichever is first."""
         running = list(self._running)
         queued = list(self._waiting) + list(self._incoming)
-        ahead = sum(len(r.prompt) for r in queued)
+        ahead = sum(
+            len(r.prompt) - (self.prefix_hit(r.prompt) if i < 64 else 0) for i, r in enumerate(queued)
+        )
         ahead += sum(len(s.req.prompt) - s.prefilled for s in running)
+        decoding = sum(1 for s in running if s.prefilled == len(s.req.prompt))
         wait = 0.0
         short = len(running) + len(queued) + 1 - self.max_sequences
         if short > 0:  # a slot must free first: the short-th soonest finisher
-            left = sorted(s.req.max_tokens - s.generated for s in running)
+            typical = self.mean_output
+            left = sorted(max(1.0, min(s.req.max_tokens, typical) - s.generated) for s in running)
             wait = left[min(short, len(left)) - 1] * self.step_s if left else 0.0
         tokens = ahead + prompt_tokens
-        steps = -(-tokens // max(1, self._prefill_budget(len(running))))
+        steps = -(-tokens // max(1, self._prefill_budget(decoding)))
         return wait + steps * self.step_s + tokens * self.prefill_token_s
 
     # ---- engine thread ----
@@ -629,6 +638,8 @@ class Engine:
         req = s.req
         st = self.stats
         self._count(reason)
+        if reason in ("stop", "length"):
+            self.mean_output = 0.9 * self.mean_output + 0.1 * s.generated
         st.e2e_hist.observe(now - req.arrival)
         st.output_tokens_hist.observe(s.generated)
         timing = {
