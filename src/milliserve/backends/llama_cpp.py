@@ -23,7 +23,7 @@ Config ``parameters`` understood here (string values):
 ``min_prefix_tokens``    shortest prefix worth reusing (default 16)
 ``speculative``          ``ngram`` (prompt lookup, default), ``off``, or a path to a draft
                          GGUF of the same vocabulary (relative to the version folder)
-``draft_tokens``         tokens drafted per step (default 6)
+``draft_tokens``         most tokens drafted per step (default 10; fewer while fewer are accepted)
 ``speculate_below``      speculate only while fewer sequences than this run (default 3)
 ``kv_unified``           ``true``: one KV buffer shared by all sequences (llama.cpp's
                          unified cache; default ``false``: one buffer per sequence)
@@ -120,7 +120,7 @@ class LlmOptions:
     prefix_cache_slots: int = 2
     min_prefix_tokens: int = 16
     speculative: str = "ngram"
-    draft_tokens: int = 6
+    draft_tokens: int = 10
     speculate_below: int = 3
     kv_unified: bool = False
     max_queue: int = 64
@@ -162,7 +162,7 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
         prefix_cache_slots=whole("prefix_cache_slots", 2, 0, 64),
         min_prefix_tokens=whole("min_prefix_tokens", 16, 1),
         speculative=spec,
-        draft_tokens=whole("draft_tokens", 6, 1, 64),
+        draft_tokens=whole("draft_tokens", 10, 1, 64),
         speculate_below=whole("speculate_below", 3, 0, 256),
         kv_unified=unified in ("true", "1"),
         max_queue=whole("max_queue", 64, 0),

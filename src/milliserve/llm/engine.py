@@ -101,6 +101,7 @@ class _Seq:
 
     __slots__ = (
         "accept_rate",
+        "accept_run",
         "accepted",
         "admitted",
         "cached",
@@ -143,6 +144,7 @@ class _Seq:
         self.drafted = 0
         self.accepted = 0
         self.accept_rate = 1.0
+        self.accept_run = 3.0  # drafted tokens accepted per verifying step (EWMA)
 
     def push_history(self, token: int) -> None:
         self.index.setdefault(token, []).append(len(self.history))
@@ -477,6 +479,7 @@ class Engine:
                 self.stats.draft_tokens += len(drafts)
                 self.stats.accepted_tokens += len(out) - 1
                 s.accept_rate = 0.7 * s.accept_rate + 0.3 * ((len(out) - 1) / len(drafts))
+                s.accept_run = 0.6 * s.accept_run + 0.4 * (len(out) - 1)
                 if len(out) - 1 < len(drafts):
                     m.seq_remove(s.slot, s.n_past, -1)  # the rejected drafts' KV
             self._emit_tokens(s, out, t1)
@@ -537,11 +540,13 @@ class Engine:
     def _draft(self, s: _Seq) -> list[int]:
         """Prompt lookup: the tokens that followed the latest earlier occurrence of the
         sequence's last n tokens (n = 3, then 2), if any. As many as the sequence's recent
-        acceptance makes worth verifying: all while drafts are mostly accepted, two while
-        some are, and none (with a retry every 8 tokens) while they keep failing."""
+        acceptance makes worth verifying: while drafts are mostly accepted, half again the
+        run the sequence has been accepting (up to ``draft_tokens``: a copy from the prompt
+        accepts long runs, which pay most), two while some are, and none (with a retry
+        every 8 tokens) while they keep failing."""
         rate = s.accept_rate
         if rate >= 0.5:
-            want = self.draft_tokens
+            want = max(2, min(self.draft_tokens, int(s.accept_run * 1.5) + 2))
         elif rate >= 0.2 or s.generated % 8 == 0:
             want = min(2, self.draft_tokens)
         else:
