@@ -150,7 +150,7 @@ class GenerativeServable:
         if options.speculative.lower() not in ("ngram", "off"):
             raise ConfigError(
                 f"{where}: field 'parameters.speculative': {options.speculative!r}: use ngram or off "
-                "(a draft model is not supported yet)"
+                "(drafting with a second GGUF is not supported yet: prompt lookup is the drafter)"
             )
         t0 = time.perf_counter()
         n_seq = options.max_sequences + options.prefix_cache_slots

@@ -77,7 +77,9 @@ def test_the_sweep_reports_floors_it_cannot_beat_and_every_request() -> None:
     assert cfg.model == "fake-llm" and cfg.workers == 1  # asked of /v1/models; one client process
     for lv in report.levels:
         assert lv.requests == lv.ok == 4 and lv.errors == {}
-        assert lv.ttft_ms["p50"] >= 30 and lv.tpot_ms["p50"] >= 0.9 * 5
+        # the fake server's sleeps are floors; an event-loop timer may fire a fraction of a
+        # millisecond early (uvloop rounds timers to milliseconds), hence 0.9 x, not an exact 30
+        assert lv.ttft_ms["p50"] >= 0.9 * 30 and lv.tpot_ms["p50"] >= 0.9 * 5
         assert lv.output_tokens["mean"] == 8 and lv.good_share == 1.0
         assert lv.throughput > 0 and lv.output_tokens_per_s > 0
     doc = report.as_dict()
