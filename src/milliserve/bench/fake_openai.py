@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from milliserve.bench.fake_server import module_server_process
 
 __all__ = ["FakeLlm", "fake_openai_process", "serve_fake_openai"]
 
@@ -192,37 +190,12 @@ async def serve_fake_openai(port: int, behaviour: FakeLlm, host: str = "127.0.0.
         await server.serve_forever()
 
 
-def _free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def fake_openai_process(*args: str) -> Iterator[str]:
     """Run the fake server in a subprocess on a free loopback port (``args`` as on its
     command line); yields its base URL once it answers, and stops it on exit."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "milliserve.bench.fake_openai", "--port", str(port), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the fake OpenAI server did not start") from None
-                time.sleep(0.05)
+    with module_server_process("milliserve.bench.fake_openai", "/health", "fake OpenAI server", *args) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["FakeBehaviour", "fake_server_process", "serve_fake"]
+__all__ = ["FakeBehaviour", "fake_server_process", "module_server_process", "serve_fake"]
 
 METADATA = orjson.dumps(
     {
@@ -155,12 +155,12 @@ def _free_port() -> int:
 
 
 @contextmanager
-def fake_server_process(*args: str) -> Iterator[str]:
-    """Run the fake server in a subprocess on a free loopback port (command-line ``args`` as
-    for ``main``); yields its base URL once it answers, and stops it on exit."""
+def module_server_process(module: str, health: str, what: str, *args: str) -> Iterator[str]:
+    """Run ``python -m module --port P *args`` on a free loopback port; yields its base URL
+    once ``health`` answers, and stops it on exit."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "milliserve.bench.fake_server", "--port", str(port), *args],
+        [sys.executable, "-m", module, "--port", str(port), *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -169,16 +169,26 @@ def fake_server_process(*args: str) -> Iterator[str]:
         deadline = time.monotonic() + 20
         while True:
             try:
-                urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1).close()
+                urllib.request.urlopen(f"{url}{health}", timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the fake OIP server did not start") from None
+                    raise RuntimeError(f"the {what} did not start") from None
                 time.sleep(0.05)
         yield url
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@contextmanager
+def fake_server_process(*args: str) -> Iterator[str]:
+    """Run the fake server in a subprocess on a free loopback port (command-line ``args`` as
+    for ``main``); yields its base URL once it answers, and stops it on exit."""
+    with module_server_process(
+        "milliserve.bench.fake_server", "/v2/health/ready", "fake OIP server", *args
+    ) as url:
+        yield url
 
 
 def main() -> None:

@@ -250,6 +250,30 @@ def _usage(usage: dict[str, int] | None) -> dict[str, Any] | None:
     }
 
 
+def _answer(
+    rid: str,
+    kind: str,
+    created: int,
+    model: str,
+    choice: dict[str, Any] | None,
+    usage: dict[str, int] | None,
+    timing: dict[str, float] | None = None,
+    always_usage: bool = False,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": rid,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": [] if choice is None else [{"index": 0, **choice}],
+    }
+    if usage is not None or always_usage:
+        out["usage"] = _usage(usage)
+    if timing is not None:
+        out["server_timing"] = server_timing(timing)
+    return out
+
+
 def chat_chunk(
     rid: str,
     model: str,
@@ -259,18 +283,8 @@ def chat_chunk(
     usage: dict[str, int] | None = None,
     timing: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    if usage is not None:
-        out["usage"] = _usage(usage)
-    if timing is not None:
-        out["server_timing"] = server_timing(timing)
-    return out
+    choice = None if delta is None else {"delta": delta, "finish_reason": finish}
+    return _answer(rid, "chat.completion.chunk", created, model, choice, usage, timing)
 
 
 def completion_chunk(
@@ -282,49 +296,20 @@ def completion_chunk(
     usage: dict[str, int] | None = None,
     timing: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": []
-        if text is None
-        else [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-    }
-    if usage is not None:
-        out["usage"] = _usage(usage)
-    if timing is not None:
-        out["server_timing"] = server_timing(timing)
-    return out
+    choice = None if text is None else {"text": text, "logprobs": None, "finish_reason": finish}
+    return _answer(rid, "text_completion", created, model, choice, usage, timing)
 
 
 def chat_response(model: str, text: str, finish: str, usage: dict[str, int] | None) -> dict[str, Any]:
-    return {
-        "id": new_id(True),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        ],
-        "usage": _usage(usage),
-    }
+    choice = {"message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+    return _answer(new_id(True), "chat.completion", int(time.time()), model, choice, usage, always_usage=True)
 
 
 def completion_response(model: str, text: str, finish: str, usage: dict[str, int] | None) -> dict[str, Any]:
-    return {
-        "id": new_id(False),
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-        "usage": _usage(usage),
-    }
+    choice = {"text": text, "logprobs": None, "finish_reason": finish}
+    return _answer(
+        new_id(False), "text_completion", int(time.time()), model, choice, usage, always_usage=True
+    )
 
 
 def openai_error(status: int, message: str, param: str | None = None) -> dict[str, Any]:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 from milliserve.config.model_config import config_to_dict
 from milliserve.errors import (
@@ -31,6 +30,7 @@ from milliserve.protocol.json_codec import (
 from milliserve.road import Offload
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
+from milliserve.server.http.asgi import JSON_HEADER, Receive, Scope, Send
 from milliserve.server.http.generate import GenerateRoutes
 from milliserve.status import status_of
 
@@ -38,12 +38,8 @@ __all__ = ["HttpApp"]
 
 log = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
-_JSON = (b"content-type", b"application/json")
+_JSON = JSON_HEADER
 _OCTET = (b"content-type", b"application/octet-stream")
 _HEADER_LEN = b"inference-header-content-length"
 _SERVER_TIMING = b"server-timing"

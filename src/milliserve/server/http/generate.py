@@ -31,18 +31,16 @@ from milliserve.llm.protocol import (
 )
 from milliserve.protocol.json_codec import decode_json_object, encode_json
 from milliserve.runtime.dataplane import DataPlane
+from milliserve.server.http.asgi import JSON_HEADER, Receive, Send
 from milliserve.status import status_of
 
 __all__ = ["GenerateRoutes"]
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 ReadBody = Callable[[Any, Receive], Awaitable[bytes]]
 
-_JSON = (b"content-type", b"application/json")
+_JSON = JSON_HEADER
 _SSE = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
