@@ -21,19 +21,20 @@ the model through ``TokenModel`` (``backends/llama_cpp.py`` implements it).
 
 from __future__ import annotations
 
-import codecs
 import heapq
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from milliserve.llm.prefix import PrefixCache
+from milliserve.llm.sequence import Event, GenRequest, Sequence, held_back
+from milliserve.llm.threads import ThreadChoice
 from milliserve.runtime.stats import GenerationStats
 
-__all__ = ["Engine", "Event", "GenRequest", "ThreadChoice", "TokenModel"]
+__all__ = ["Engine", "TokenModel"]
 
 log = logging.getLogger(__name__)
 
@@ -66,156 +67,6 @@ class TokenModel(Protocol):
     def seq_copy(self, src: int, dst: int, keep: int) -> None: ...
 
 
-@dataclass(slots=True)
-class Event:
-    """What a request's consumer receives: new text (possibly empty), the tokens it took,
-    and on the last event the finish reason and the request's timing."""
-
-    text: str
-    tokens: int
-    finish: str | None = None  # "stop", "length", "abort", "error"
-    error: str | None = None
-    usage: dict[str, int] | None = None
-    timing: dict[str, float] | None = None
-
-
-@dataclass(slots=True, eq=False)
-class GenRequest:
-    """One generation request. ``emit`` is called on the engine thread and must be cheap
-    and thread-safe (the servable posts to the event loop)."""
-
-    prompt: list[int]
-    max_tokens: int
-    sampler: Any
-    emit: Callable[[Event], None]
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    speculate: bool = True
-    penalties: bool = False  # feed the prompt to the sampler's history
-    arrival: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False
-
-
-class _Seq:
-    """A request that holds a sequence slot."""
-
-    __slots__ = (
-        "accept_rate",
-        "accept_run",
-        "accepted",
-        "admitted",
-        "cached",
-        "dec",
-        "drafted",
-        "first_at",
-        "generated",
-        "history",
-        "index",
-        "last",
-        "last_at",
-        "n_past",
-        "pending",
-        "prefilled",
-        "req",
-        "sampler",
-        "slot",
-        "stop_len",
-    )
-
-    def __init__(self, req: GenRequest, slot: int, sampler: Any, reused: int, now: float) -> None:
-        self.req = req
-        self.slot = slot
-        self.sampler = sampler
-        self.n_past = reused  # tokens of this sequence in the KV cache
-        self.prefilled = reused  # prompt tokens in the KV cache
-        self.cached = reused
-        self.generated = 0
-        self.last = -1  # the sampled token not yet in the KV cache
-        self.history: list[int] = list(req.prompt)
-        self.index: dict[int, list[int]] = {}  # token -> positions in history (prompt lookup)
-        for i, t in enumerate(self.history):
-            self.index.setdefault(t, []).append(i)
-        self.dec = codecs.getincrementaldecoder("utf-8")("replace")
-        self.pending = ""  # decoded text held back (a stop string may begin in it)
-        self.stop_len = max((len(s) for s in req.stop), default=0)
-        self.admitted = now
-        self.first_at = 0.0
-        self.last_at = 0.0
-        self.drafted = 0
-        self.accepted = 0
-        self.accept_rate = 1.0
-        self.accept_run = 3.0  # drafted tokens accepted per verifying step (EWMA)
-
-    def push_history(self, token: int) -> None:
-        self.index.setdefault(token, []).append(len(self.history))
-        self.history.append(token)
-
-
-@dataclass(slots=True)
-class _Prefix:
-    slot: int
-    tokens: list[int]
-    used_at: float
-
-
-class ThreadChoice:
-    """How many threads a step of several tokens uses: ``n_threads_batch`` (the config's
-    choice) unless the other count (``n_threads``) has measured at least 10% faster per
-    token, over at least 3 steps of the same size, lately. On a machine shared with other
-    work, llama.cpp's threads can spin against the other processes and two threads can be
-    slower than one; which is faster changes with the load, so every
-    ``explore_every``-th step of a size tries the other count."""
-
-    def __init__(self, low: int, high: int, explore_every: int = 16) -> None:
-        self.default = high
-        self.other = low
-        self.explore_every = explore_every
-        self._cost: dict[tuple[int, int], tuple[float, int]] = {}  # (size, threads) -> (ewma, n)
-        self._steps: dict[int, int] = {}
-
-    @staticmethod
-    def size(n_tokens: int) -> int:
-        """Steps are compared with steps of the same size (exact up to 16 tokens, then by 64)."""
-        return n_tokens if n_tokens <= 16 else 16 + n_tokens // 64 * 64
-
-    def _better(self, size: int) -> int:
-        mine = self._cost.get((size, self.default))
-        alt = self._cost.get((size, self.other))
-        if mine is None or alt is None or mine[1] < 3 or alt[1] < 3:
-            return self.default
-        return self.other if alt[0] < 0.9 * mine[0] else self.default
-
-    def pick(self, n_tokens: int) -> int:
-        if self.default == self.other:
-            return self.default
-        size = self.size(n_tokens)
-        step = self._steps.get(size, 0) + 1
-        self._steps[size] = step
-        best = self._better(size)
-        if step % self.explore_every == 0 or (step <= 3 * self.explore_every and step % 4 == 0):
-            return self.other if best == self.default else self.default  # explore (more at first)
-        return best
-
-    def record(self, n_tokens: int, threads: int, seconds_per_token: float) -> None:
-        key = (self.size(n_tokens), threads)
-        old = self._cost.get(key)
-        self._cost[key] = (
-            (seconds_per_token, 1) if old is None else (0.7 * old[0] + 0.3 * seconds_per_token, old[1] + 1)
-        )
-
-    def chosen(self, n_tokens: int) -> int:
-        """The count preferred now for steps of ``n_tokens``."""
-        return self._better(self.size(n_tokens))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class Engine:
     """The engine loop and its queue. ``submit`` and ``cancel`` are called from the event
     loop; everything else runs on the engine thread."""
@@ -237,15 +88,15 @@ class Engine:
         self.model = model
         self.max_sequences = max_sequences
         self.step_tokens = step_tokens
-        self.min_prefix = min_prefix_tokens
         self.draft_tokens = draft_tokens
         self.speculate_below = speculate_below
         self.itl_budget_s = itl_budget_s
         self.stats = stats or GenerationStats()
         self._free = list(range(max_sequences))  # a heap: the lowest free slot first
-        self._prefixes: list[_Prefix] = []
-        self._prefix_free = list(range(max_sequences + prefix_slots - 1, max_sequences - 1, -1))
-        self._running: list[_Seq] = []
+        self.prefixes = PrefixCache(
+            list(range(max_sequences, max_sequences + prefix_slots)), min_prefix_tokens
+        )
+        self._running: list[Sequence] = []
         self._waiting: deque[GenRequest] = deque()
         self._incoming: deque[GenRequest] = deque()
         self._wake = threading.Event()
@@ -289,15 +140,6 @@ class Engine:
     def running(self) -> int:
         return len(self._running)
 
-    def prefix_hit(self, prompt: list[int]) -> int:
-        """Prompt tokens a cached prefix would spare (an estimate: read without a lock)."""
-        best = 0
-        for p in list(self._prefixes):
-            n = _common_prefix(p.tokens, prompt)
-            if n >= self.min_prefix and n > best:
-                best = n
-        return min(best, len(prompt) - 1)
-
     def estimate_ttft(self, prompt_tokens: int) -> float:
         """Seconds until a request of ``prompt_tokens`` (after prefix reuse) would get its
         first token, given the queue and the running batch. Read without a lock.
@@ -308,7 +150,7 @@ class Engine:
         running = list(self._running)
         queued = list(self._waiting) + list(self._incoming)
         ahead = sum(
-            len(r.prompt) - (self.prefix_hit(r.prompt) if i < 64 else 0) for i, r in enumerate(queued)
+            len(r.prompt) - (self.prefixes.hit(r.prompt) if i < 64 else 0) for i, r in enumerate(queued)
         )
         ahead += sum(len(s.req.prompt) - s.prefilled for s in running)
         decoding = sum(1 for s in running if s.prefilled == len(s.req.prompt))
@@ -400,7 +242,7 @@ class Engine:
         feed: dict[int, list[int]] = {}  # slot -> tokens this step (decoding: last + drafts)
         drafts_of: dict[int, list[int]] = {}
         for s in decoding:
-            drafts = self._draft(s) if speculate and s.req.speculate else []
+            drafts = s.draft(self.draft_tokens, m.n_ctx_seq) if speculate and s.req.speculate else []
             drafts_of[s.slot] = drafts
             feed[s.slot] = [s.last, *drafts]
         budget = self._prefill_budget(sum(len(f) for f in feed.values()))
@@ -415,8 +257,8 @@ class Engine:
         pos: list[int] = []
         seqs: list[int] = []
         logits: list[bool] = []
-        plan: list[tuple[_Seq, int, list[int]]] = []  # (seq, first index, drafts) of decoding seqs
-        prefill: list[tuple[_Seq, int, int]] = []  # (seq, chunk length, logits index or -1)
+        plan: list[tuple[Sequence, int, list[int]]] = []  # (seq, first index, drafts) of decoding seqs
+        prefill: list[tuple[Sequence, int, int]] = []  # (seq, chunk length, logits index or -1)
         for s in sorted(self._running, key=lambda x: x.slot):
             if s.slot in feed:
                 plan.append((s, len(tokens), drafts_of[s.slot]))
@@ -452,14 +294,16 @@ class Engine:
         t1 = time.perf_counter()
         if n_tok > 1:
             self.threads.record(n_tok, threads, (t1 - t0) / n_tok)
-        self._learn(t1 - t0, len(tokens), len(decoding), sum(n for _, n, _ in prefill))
+        self._learn(t1 - t0, sum(n for _, n, _ in prefill))
         self.stats.steps += 1
         # prefill progress and first tokens
         for s, n, at in prefill:
             s.prefilled += n
             s.n_past += n
             if at >= 0 and not s.req.cancelled:
-                self._remember_prefix(s, t1)
+                keep = self.prefixes.remember(s.req.prompt, t1)
+                if keep >= 0:
+                    m.seq_copy(s.slot, keep, len(s.req.prompt))
                 self._emit_tokens(s, [m.sample(s.sampler, at)], t1)
         # decoding sequences: sample, verify drafts
         for s, i0, drafts in plan:
@@ -484,7 +328,7 @@ class Engine:
                     m.seq_remove(s.slot, s.n_past, -1)  # the rejected drafts' KV
             self._emit_tokens(s, out, t1)
 
-    def _learn(self, dt: float, n_tokens: int, decoding: int, prefilled: int) -> None:
+    def _learn(self, dt: float, prefilled: int) -> None:
         if prefilled == 0:
             self.step_s = 0.8 * self.step_s + 0.2 * dt
         elif prefilled >= 16:
@@ -494,23 +338,14 @@ class Engine:
     def _admit(self, req: GenRequest, now: float) -> None:
         m = self.model
         slot = heapq.heappop(self._free)
-        reused = 0
-        best: _Prefix | None = None
-        for p in self._prefixes:
-            n = _common_prefix(p.tokens, req.prompt)
-            if n >= self.min_prefix and n > reused:
-                best, reused = p, n
-        reused = min(reused, len(req.prompt) - 1)  # the last prompt token is decoded for logits
-        if best is not None and reused >= self.min_prefix:
-            m.seq_copy(best.slot, slot, reused)
-            best.used_at = now
-        else:
-            reused = 0
+        source, reused = self.prefixes.reuse(req.prompt, now)
+        if reused:
+            m.seq_copy(source, slot, reused)
         sampler = m.new_sampler(req.sampler)
         if req.penalties:
             for t in req.prompt:
                 m.accept(sampler, t)
-        s = _Seq(req, slot, sampler, reused, now)
+        s = Sequence(req, slot, sampler, reused, now)
         self._running.append(s)
         st = self.stats
         st.prompt_tokens += len(req.prompt)
@@ -518,57 +353,7 @@ class Engine:
         st.prompt_tokens_hist.observe(len(req.prompt))
         st.queue_hist.observe(now - req.arrival)
 
-    def _remember_prefix(self, s: _Seq, now: float) -> None:
-        """Keep this prompt's KV as a reusable prefix when no cached one shares enough of it."""
-        if not self._prefixes and not self._prefix_free:
-            return
-        prompt = s.req.prompt
-        if len(prompt) < self.min_prefix * 2:
-            return
-        for p in self._prefixes:
-            if _common_prefix(p.tokens, prompt) >= self.min_prefix:
-                return  # its family is cached
-        if self._prefix_free:
-            slot = self._prefix_free.pop()
-        else:  # evict the least recently used
-            old = min(self._prefixes, key=lambda p: p.used_at)
-            self._prefixes.remove(old)
-            slot = old.slot
-        self.model.seq_copy(s.slot, slot, len(prompt))
-        self._prefixes.append(_Prefix(slot, list(prompt), now))
-
-    def _draft(self, s: _Seq) -> list[int]:
-        """Prompt lookup: the tokens that followed the latest earlier occurrence of the
-        sequence's last n tokens (n = 3, then 2), if any. As many as the sequence's recent
-        acceptance makes worth verifying: while drafts are mostly accepted, half again the
-        run the sequence has been accepting (up to ``draft_tokens``: a copy from the prompt
-        accepts long runs, which pay most), two while some are, and none (with a retry
-        every 8 tokens) while they keep failing."""
-        rate = s.accept_rate
-        if rate >= 0.5:
-            want = max(2, min(self.draft_tokens, int(s.accept_run * 1.5) + 2))
-        elif rate >= 0.2 or s.generated % 8 == 0:
-            want = min(2, self.draft_tokens)
-        else:
-            return []
-        h = s.history
-        n_hist = len(h)
-        room = min(want, s.req.max_tokens - s.generated - 1, self.model.n_ctx_seq - s.n_past - 2)
-        if room <= 0 or n_hist < 3:
-            return []
-        cands = s.index.get(h[-1])
-        if not cands or len(cands) < 2:
-            return []
-        for n in (3, 2):
-            tail = h[n_hist - n :]
-            for p in reversed(cands[:-1]):  # the last one is the current position
-                if p - n + 1 < 0:
-                    continue
-                if h[p - n + 1 : p + 1] == tail:
-                    return h[p + 1 : p + 1 + room]
-        return []
-
-    def _emit_tokens(self, s: _Seq, new: list[int], now: float) -> None:
+    def _emit_tokens(self, s: Sequence, new: list[int], now: float) -> None:
         """Account ``new`` sampled tokens to ``s``: text out, finish on EOS, stop, length."""
         m = self.model
         req = s.req
@@ -590,7 +375,7 @@ class Engine:
                     s.pending = ""
                     finish = "stop"
                     break
-                keep = self._held_back(s.pending, req.stop)
+                keep = held_back(s.pending, req.stop)
                 text.append(s.pending[: len(s.pending) - keep])
                 s.pending = s.pending[len(s.pending) - keep :]
             else:
@@ -623,18 +408,9 @@ class Engine:
             used = 0
         self._finish(s, finish, now, tokens=used)
 
-    @staticmethod
-    def _held_back(pending: str, stops: tuple[str, ...]) -> int:
-        """Length of the longest end of ``pending`` that begins some stop string."""
-        best = 0
-        for x in stops:
-            for k in range(min(len(x) - 1, len(pending)), best, -1):
-                if x.startswith(pending[len(pending) - k :]):
-                    best = k
-                    break
-        return best
-
-    def _finish(self, s: _Seq, reason: str, now: float, error: str | None = None, tokens: int = 0) -> None:
+    def _finish(
+        self, s: Sequence, reason: str, now: float, error: str | None = None, tokens: int = 0
+    ) -> None:
         m = self.model
         self._running.remove(s)
         m.seq_remove(s.slot)

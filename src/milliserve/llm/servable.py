@@ -32,8 +32,9 @@ from milliserve.errors import (
     RequestError,
     ServerShuttingDownError,
 )
-from milliserve.llm.engine import Engine, Event, GenRequest
+from milliserve.llm.engine import Engine
 from milliserve.llm.protocol import GenerationParams, parse_generate
+from milliserve.llm.sequence import Event, GenRequest
 from milliserve.protocol.datatypes import BYTES
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor
 from milliserve.runtime.executor import Executor
@@ -275,7 +276,7 @@ class GenerativeServable:
                 f"{self.options.max_queue})"
             )
         if self.ttft_budget_s is not None and (engine.running or engine.waiting):
-            cached = engine.prefix_hit(prompt)
+            cached = engine.prefixes.hit(prompt)
             est = engine.estimate_ttft(len(prompt) - max(0, cached))
             if est > self.ttft_budget_s:
                 self.gen_stats.refused_budget += 1
@@ -316,7 +317,8 @@ class GenerativeServable:
         engine.submit(req)
         return GenerationStream(self, req, queue)
 
-    async def _run(self, params: GenerationParams) -> tuple[str, Event]:
+    async def complete(self, params: GenerationParams) -> tuple[str, Event]:
+        """The whole answer: its text and the last event (finish reason, usage, timing)."""
         t0 = time.perf_counter_ns()
         try:
             stream = await self.generate(params)
@@ -330,10 +332,6 @@ class GenerativeServable:
             raise
         self.stats.record_request(time.perf_counter_ns() - t0, None)
         return "".join(parts), last
-
-    async def complete(self, params: GenerationParams) -> tuple[str, Event]:
-        """The whole answer: its text and the last event (finish reason, usage, timing)."""
-        return await self._run(params)
 
     def record(self, started_ns: int, exc: BaseException | None) -> None:
         self.stats.record_request(
@@ -375,7 +373,7 @@ class GenerativeServable:
         )
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        text, last = await self._run(self._params_of(request))
+        text, last = await self.complete(self._params_of(request))
         return self._response(request, text, True, last)
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:

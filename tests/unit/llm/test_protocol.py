@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from milliserve.errors import RequestError
-from milliserve.llm.engine import Engine
 from milliserve.llm.protocol import openai_error, parse_generate, parse_openai, server_timing
+from milliserve.llm.sequence import held_back
 
 
 def test_chat_request_is_parsed() -> None:
@@ -83,9 +83,9 @@ def test_generate_extension_fields() -> None:
 
 
 def test_stop_string_hold_back() -> None:
-    assert Engine._held_back("hello wor", ("world",)) == 3
-    assert Engine._held_back("hello", ("world",)) == 0
-    assert Engine._held_back("a\n", ("\n\n", "xyz")) == 1
+    assert held_back("hello wor", ("world",)) == 3
+    assert held_back("hello", ("world",)) == 0
+    assert held_back("a\n", ("\n\n", "xyz")) == 1
 
 
 def test_answers() -> None:
@@ -98,7 +98,7 @@ def test_answers() -> None:
 
 
 def test_thread_choice_follows_measurements_and_keeps_exploring() -> None:
-    from milliserve.llm.engine import ThreadChoice
+    from milliserve.llm.threads import ThreadChoice
 
     tc = ThreadChoice(1, 2, explore_every=8)
     assert tc.pick(8) == 2  # the config's count until the other is measured better

@@ -1,0 +1,140 @@
+"""One generation request, and the state of a request that holds a sequence slot: its
+tokens (with an index for prompt-lookup drafting), its text held back for stop strings,
+and its drafting statistics."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Event", "GenRequest", "Sequence", "held_back"]
+
+
+@dataclass(slots=True)
+class Event:
+    """What a request's consumer receives: new text (possibly empty), the tokens it took,
+    and on the last event the finish reason and the request's timing."""
+
+    text: str
+    tokens: int
+    finish: str | None = None  # "stop", "length", "abort", "error"
+    error: str | None = None
+    usage: dict[str, int] | None = None
+    timing: dict[str, float] | None = None
+
+
+@dataclass(slots=True, eq=False)
+class GenRequest:
+    """One generation request. ``emit`` is called on the engine thread and must be cheap
+    and thread-safe (the servable posts to the event loop)."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampler: Any
+    emit: Callable[[Event], None]
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    speculate: bool = True
+    penalties: bool = False  # feed the prompt to the sampler's history
+    arrival: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+
+
+class Sequence:
+    """A request that holds a sequence slot."""
+
+    __slots__ = (
+        "accept_rate",
+        "accept_run",
+        "accepted",
+        "admitted",
+        "cached",
+        "dec",
+        "drafted",
+        "first_at",
+        "generated",
+        "history",
+        "index",
+        "last",
+        "last_at",
+        "n_past",
+        "pending",
+        "prefilled",
+        "req",
+        "sampler",
+        "slot",
+        "stop_len",
+    )
+
+    def __init__(self, req: GenRequest, slot: int, sampler: Any, reused: int, now: float) -> None:
+        self.req = req
+        self.slot = slot
+        self.sampler = sampler
+        self.n_past = reused  # tokens of this sequence in the KV cache
+        self.prefilled = reused  # prompt tokens in the KV cache
+        self.cached = reused
+        self.generated = 0
+        self.last = -1  # the sampled token not yet in the KV cache
+        self.history: list[int] = list(req.prompt)
+        self.index: dict[int, list[int]] = {}  # token -> positions in history (prompt lookup)
+        for i, t in enumerate(self.history):
+            self.index.setdefault(t, []).append(i)
+        self.dec = codecs.getincrementaldecoder("utf-8")("replace")
+        self.pending = ""  # decoded text held back (a stop string may begin in it)
+        self.stop_len = max((len(s) for s in req.stop), default=0)
+        self.admitted = now
+        self.first_at = 0.0
+        self.last_at = 0.0
+        self.drafted = 0
+        self.accepted = 0
+        self.accept_rate = 1.0
+        self.accept_run = 3.0  # drafted tokens accepted per verifying step (EWMA)
+
+    def push_history(self, token: int) -> None:
+        self.index.setdefault(token, []).append(len(self.history))
+        self.history.append(token)
+
+    def draft(self, most: int, n_ctx: int) -> list[int]:
+        """Prompt lookup: the tokens that followed the latest earlier occurrence of the
+        sequence's last n tokens (n = 3, then 2), if any. As many as the sequence's recent
+        acceptance makes worth verifying: while drafts are mostly accepted, half again the
+        run the sequence has been accepting (up to ``most``: a copy from the prompt accepts
+        long runs, which pay most), two while some are, and none (with a retry every 8
+        tokens) while they keep failing."""
+        rate = self.accept_rate
+        if rate >= 0.5:
+            want = max(2, min(most, int(self.accept_run * 1.5) + 2))
+        elif rate >= 0.2 or self.generated % 8 == 0:
+            want = min(2, most)
+        else:
+            return []
+        h = self.history
+        n_hist = len(h)
+        room = min(want, self.req.max_tokens - self.generated - 1, n_ctx - self.n_past - 2)
+        if room <= 0 or n_hist < 3:
+            return []
+        cands = self.index.get(h[-1])
+        if not cands or len(cands) < 2:
+            return []
+        for n in (3, 2):
+            tail = h[n_hist - n :]
+            for p in reversed(cands[:-1]):  # the last one is the current position
+                if p - n + 1 < 0:
+                    continue
+                if h[p - n + 1 : p + 1] == tail:
+                    return h[p + 1 : p + 1 + room]
+        return []
+
+
+def held_back(pending: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of ``pending`` that begins some stop string."""
+    best = 0
+    for x in stops:
+        for k in range(min(len(x) - 1, len(pending)), best, -1):
+            if x.startswith(pending[len(pending) - k :]):
+                best = k
+                break
+    return best
