@@ -37,7 +37,16 @@ __all__ = [
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.pbtxt")
 # ``parameters`` that the runtime reads, whatever the backend (backends accept these too).
-RUNTIME_PARAMETERS = frozenset({"allow_nonfinite_inputs", "inline_execution"})
+RUNTIME_PARAMETERS = frozenset(
+    {
+        "allow_nonfinite_inputs",
+        "inline_execution",
+        # test-only stalls (runtime/stall.py)
+        "test_stall_ms",
+        "test_stall_probability",
+        "test_stall_seed",
+    }
+)
 # platform and backend are checked against the backend registry when a model loads
 
 
@@ -157,7 +166,17 @@ class Budget(_Strict):
         return self
 
 
-BUDGET_STAGES = ("parse", "cache", "features", "preprocess", "queue", "infer", "postprocess", "serialize")
+BUDGET_STAGES = (
+    "parse",
+    "cache",
+    "features",
+    "preprocess",
+    "queue",
+    "infer",
+    "ann",
+    "postprocess",
+    "serialize",
+)
 
 
 class InstanceGroup(_Strict):

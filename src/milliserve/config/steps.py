@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from milliserve.config.base import Strict
 
 __all__ = [
     "STEP_KINDS",
+    "Ann",
+    "Cascade",
     "Ensembling",
     "FeatureSource",
     "Features",
+    "Hedge",
     "PipelineStep",
     "PythonStep",
     "RuleThreshold",
@@ -75,6 +78,9 @@ class TokenizerConfig(Strict):
     # one text's size limit in UTF-8 bytes, checked before tokenizing (0: 64 bytes per token
     # of max_length; no WordPiece token of a real text comes near that)
     max_text_bytes: int = Field(0, ge=0)
+    # false: an empty (or whitespace-only) text is refused with 400 instead of tokenized to
+    # the special tokens alone (a search for nothing)
+    allow_empty: bool = True
 
     @field_validator("overflow", mode="before")
     @classmethod
@@ -131,6 +137,109 @@ class PythonStep(Strict):
         return v
 
 
+class Ann(Strict):
+    """An ``ann`` step: the ``k`` nearest neighbours of each row of ``input`` (FP32 [batch,
+    dim]) in a prebuilt index (``milliserve index build``; ``index`` is relative to the model
+    directory). Makes ``ids`` (INT64 [batch, k]), ``scores`` (FP32 [batch, k], higher is
+    nearer) and ``texts`` (BYTES [batch, k], the stored texts); each names its output tensor,
+    None leaves it out. A request may ask for another k with the parameter ``k``, 1 to
+    ``max_k`` (pipeline/ann.py)."""
+
+    index: str
+    input: str = "embedding"
+    k: int = Field(10, ge=1)
+    max_k: int = Field(100, ge=1)
+    ids: str | None = "ids"
+    scores: str | None = "scores"
+    texts: str | None = None
+
+    @field_validator("k", "max_k", mode="before")
+    @classmethod
+    def _unset_number(cls, v: object, info: ValidationInfo) -> object:
+        if v == 0:  # protobuf's default means "not set"
+            assert info.field_name is not None
+            return cls.model_fields[info.field_name].default
+        return v
+
+    @field_validator("input", "ids", "scores", "texts", mode="before")
+    @classmethod
+    def _unset_name(cls, v: object, info: ValidationInfo) -> object:
+        if v == "":  # protobuf's empty string means "not set"
+            assert info.field_name is not None
+            return cls.model_fields[info.field_name].default
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Ann:
+        if self.k > self.max_k:
+            raise ValueError(f"ann.k is {self.k} but ann.max_k is {self.max_k}")
+        made = [n for n in (self.ids, self.scores, self.texts) if n]
+        if not made:
+            raise ValueError("ann makes nothing: name at least one of ids, scores, texts")
+        if len(set(made)) != len(made):
+            raise ValueError(f"ann outputs must have distinct names, got {made}")
+        return self
+
+
+class Hedge(Strict):
+    """``hedge`` on a model step: send the request to the least busy of ``model_name`` and
+    ``replicas`` and, when it has not answered within ``after_ms`` (0: the step's measured
+    p95), a copy to another replica, up to ``max_extra`` copies; the first answer wins and
+    the others are cancelled. No copy goes to a replica with ``max_queue`` requests queued,
+    nor while the step has ``max_inflight`` requests in flight (pipeline/hedge.py)."""
+
+    replicas: tuple[str, ...]
+    after_ms: float = Field(0.0, ge=0)
+    max_extra: int = Field(1, ge=1)
+    max_queue: int = Field(4, ge=1)
+    max_inflight: int = Field(32, ge=1)
+
+    @field_validator("max_extra", "max_queue", "max_inflight", mode="before")
+    @classmethod
+    def _unset(cls, v: object, info: ValidationInfo) -> object:
+        if v == 0:  # protobuf's default means "not set"
+            assert info.field_name is not None
+            return cls.model_fields[info.field_name].default
+        return v
+
+    @model_validator(mode="after")
+    def _replicas(self) -> Hedge:
+        if not self.replicas or len(set(self.replicas)) != len(self.replicas):
+            raise ValueError(f"hedge.replicas must name distinct models, got {list(self.replicas)}")
+        if self.max_extra > len(self.replicas):
+            raise ValueError(
+                f"hedge.max_extra is {self.max_extra} but hedge.replicas names {len(self.replicas)}"
+            )
+        return self
+
+
+class Cascade(Strict):
+    """A cascade step: ``fast`` answers every row; the rows whose top probability (the row's
+    largest value of the output ``probabilities``) is under ``escalate_below`` go to ``full``
+    in one request. Both models have the same inputs and outputs; ``answered_by`` names an
+    optional BYTES output [batch, 1] saying which model answered each row
+    (pipeline/cascade.py)."""
+
+    fast: str
+    full: str
+    escalate_below: float = Field(gt=0, le=1)
+    probabilities: str = "probabilities"
+    answered_by: str | None = None
+
+    @field_validator("probabilities", "answered_by", mode="before")
+    @classmethod
+    def _unset(cls, v: object, info: ValidationInfo) -> object:
+        if v == "":  # protobuf's empty string means "not set"
+            return "probabilities" if info.field_name == "probabilities" else None
+        return v
+
+    @model_validator(mode="after")
+    def _two(self) -> Cascade:
+        if self.fast == self.full:
+            raise ValueError(f"cascade.fast and cascade.full are both {self.fast!r}")
+        return self
+
+
 class PipelineStep(Strict):
     """One step of ``ensemble_scheduling``: a model of the repository (Triton's fields), or
     one of milliserve's built-in steps, or a custom Python function."""
@@ -143,22 +252,39 @@ class PipelineStep(Strict):
     features: Features | None = None
     rules: Rules | None = None
     python: PythonStep | None = None
+    ann: Ann | None = None
+    cascade: Cascade | None = None
+    hedge: Hedge | None = None  # on a model step: hedged requests over replicas
 
     @model_validator(mode="after")
     def _one(self) -> PipelineStep:
         kinds = [k for k in STEP_KINDS if getattr(self, k)]
         if len(kinds) != 1:
             raise ValueError(f"a step needs exactly one of {list(STEP_KINDS)}, got {kinds or 'none'}")
-        if kinds[0] != "model_name" and (self.input_map or self.output_map):
-            raise ValueError("input_map and output_map belong to model steps")
+        if kinds[0] not in ("model_name", "cascade") and (self.input_map or self.output_map):
+            raise ValueError("input_map and output_map belong to model steps (and cascades)")
+        if self.hedge is not None:
+            if kinds[0] != "model_name":
+                raise ValueError("hedge belongs to model steps")
+            if self.model_name in self.hedge.replicas:
+                raise ValueError(f"hedge.replicas names the step's own model {self.model_name!r}")
         return self
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models of the repository this step calls."""
+        if self.cascade is not None:
+            return (self.cascade.fast, self.cascade.full)
+        if not self.model_name:
+            return ()
+        return (self.model_name, *(self.hedge.replicas if self.hedge is not None else ()))
 
     @property
     def kind(self) -> str:
         return "model" if self.model_name else next(k for k in STEP_KINDS[1:] if getattr(self, k))
 
 
-STEP_KINDS = ("model_name", "tokenizer", "features", "rules", "python")
+STEP_KINDS = ("model_name", "tokenizer", "features", "rules", "python", "cascade", "ann")
 
 
 class Ensembling(Strict):

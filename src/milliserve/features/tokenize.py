@@ -6,8 +6,9 @@ Serves both a model's own ``tokenizer`` config and a pipeline's tokenizer step.
 
 No text can hurt other clients: each text's size is checked against ``max_text_bytes``
 before anything is tokenized (over it: truncated to that many bytes, or refused with
-``overflow: refuse``), and a batch with more than ``OFFLOAD_BYTES`` of text is tokenized
-off the event loop, so a large request delays only itself.
+``overflow: refuse``; an empty text is refused with ``allow_empty: false``), and a batch
+with more than ``OFFLOAD_BYTES`` of text is tokenized off the event loop, so a large
+request delays only itself.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class TokenizerStep:
         self.name, self.stage, self.config = name, "preprocess", config
         self.text_input, self.ids, self.mask = config.text_input, config.ids, config.mask
         self.max_length, self.text_limit = config.max_length, config.text_limit
+        self.allow_empty = config.allow_empty
         self.needs: tuple[str, ...] = (self.text_input,)
         self.makes: tuple[str, ...] = (self.ids,) + ((self.mask,) if self.mask else ())
         self._offload = offload
@@ -81,6 +83,11 @@ class TokenizerStep:
                         f"input {self.text_input!r} element {i} is not UTF-8 text: {exc}"
                     ) from None
                 text = raw[: exc.start].decode()
+            if not self.allow_empty and not text.strip():
+                raise InvalidInputError(
+                    f"input {self.text_input!r} element {i} is empty; this model needs some text "
+                    "(tokenizer allow_empty: false)"
+                )
             texts.append(text)
             total += len(raw)
         return texts, total

@@ -22,6 +22,15 @@ __all__ = ["Metrics"]
 
 _P = "milliserve_"
 _MV = ["model", "version"]
+# counters kept by pipeline steps (pipeline/hedge.py, pipeline/cascade.py), per step
+STEP_COUNTERS = {
+    "hedges_sent": "Extra copies of a request a hedged step sent to another replica",
+    "hedges_won": "Requests of a hedged step answered first by an extra copy",
+    "hedges_suppressed": "Hedges a step did not send: the replica's queue or the step's in-flight "
+    "requests were over their limit",
+    "cascade_fast_rows": "Rows a cascade step answered from its fast model",
+    "cascade_escalated_rows": "Rows a cascade step escalated to its full model",
+}
 
 
 def _buckets(h: HistogramData) -> list[tuple[str, float]]:
@@ -133,7 +142,24 @@ class Metrics(Collector):
                 families[name].add_metric(lv, _buckets(h), h.sum)
         yield from (success, failure, count, execs, pending, load, warmup, first, *families.values())
         yield from (hits, misses, cache_errors, *cache_hist.values(), stage, cap, delay)
+        yield from _steps([s for s in stats if s.step_counts])
         yield from _generation([s for s in stats if s.generation is not None])
+
+
+def _steps(stats: list[ModelStats]) -> Iterator[Metric]:
+    """Pipelines: what their steps count (``milliserve_pipeline_hedges_sent_total``, ...)."""
+    if not stats:
+        return
+    fam = {
+        n: CounterMetricFamily(_P + "pipeline_" + n, doc, labels=[*_MV, "step"])
+        for n, doc in STEP_COUNTERS.items()
+    }
+    for s in stats:
+        for step, counts in s.step_counts.items():
+            for n, value in counts.items():
+                if n in fam:
+                    fam[n].add_metric([s.name, s.version, step], value)
+    yield from (f for f in fam.values() if f.samples)
 
 
 def _generation(stats: list[ModelStats]) -> Iterator[Metric]:

@@ -8,7 +8,7 @@ from typing import Any
 
 __all__ = ["STAGES", "finish_stages", "server_timing"]
 
-STAGES = ("parse", "cache", "features", "preprocess", "queue", "infer", "postprocess", "serialize")
+STAGES = ("parse", "cache", "features", "preprocess", "queue", "infer", "ann", "postprocess", "serialize")
 
 
 # the stages of a plain inference, in the order the runtime and front-ends record them:

@@ -8,7 +8,7 @@ Model steps go through the models' own roads, so concurrent pipeline requests ba
 each model, and the pipeline's deadline travels with them (a step that cannot make it
 is refused, HTTP 429, before it computes). The time of every step lands in the
 request's Server-Timing stages: features, preprocess, the models' queue / infer /
-cache, postprocess.
+cache, ann (nearest-neighbour search), postprocess.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from milliserve.errors import BackendError, ConfigError, MilliserveError
 from milliserve.features.fetch import FetchFeatures
 from milliserve.features.store import FeatureSet
 from milliserve.features.tokenize import TokenizerStep
+from milliserve.pipeline.ann import AnnStep, tensor_dim
+from milliserve.pipeline.cascade import CascadeStep
+from milliserve.pipeline.hedge import HedgedCall
 from milliserve.pipeline.steps import ModelCall, PythonCall, RulesStep
 from milliserve.road import Around, Call, Offload, Outputs, Stage, Step, Tensors, build_road
 from milliserve.runtime.servable import RoadServable
@@ -58,7 +61,11 @@ def build_steps(
             if s.model_name:
                 rt = get_model(s.model_name, "" if s.model_version < 0 else str(s.model_version))
                 inputs = [n for n, _, _ in rt.client_inputs()]
-                step = ModelCall(label, s, inputs, [t.name for t in rt.config.output], get_model)
+                call = HedgedCall if s.hedge is not None else ModelCall
+                step = call(label, s, inputs, [t.name for t in rt.config.output], get_model)
+                after_model = True
+            elif s.cascade is not None:
+                step = CascadeStep(label, s, get_model)
                 after_model = True
             elif s.tokenizer is not None:
                 step = TokenizerStep(label, s.tokenizer, model_dir, offload)
@@ -72,6 +79,9 @@ def build_steps(
                     caches.backoff_s,
                 )
                 step = FetchFeatures(label, fs)
+            elif s.ann is not None:
+                dim = tensor_dim(config, i - 1, s.ann.input, get_model)
+                step = AnnStep(label, s.ann, model_dir, dim, offload)
             elif s.rules is not None:
                 step = RulesStep(label, s.rules)
             else:
@@ -141,6 +151,10 @@ class PipelineRuntime(RoadServable):
         self.steps = steps
         self.io = model_io(config)
         self.stats = ModelStats(config.name, version)
+        for step in steps:  # counters a step keeps (hedges, cascade rows) become metrics
+            counts = getattr(step, "counts", None)
+            if counts is not None:
+                self.stats.step_counts[step.name] = counts
         outputs = {t.name: t.data_type for t in config.output}
         rc = config.response_cache
         cache = caches.make(rc.enable, rc.backend, rc.ttl_s, rc.max_bytes) if rc is not None else None

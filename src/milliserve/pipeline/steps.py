@@ -140,7 +140,11 @@ class PythonCall(_Named):
 
 
 class ModelCall(_Named):
-    """A model of the repository, looked up per request so that a reload is picked up."""
+    """A model of the repository, looked up per request so that a reload is picked up.
+
+    Its parts serve the steps that call models in other ways (pipeline/hedge.py,
+    pipeline/cascade.py): ``request`` builds a model's request from the named tensors,
+    ``infer`` sends it, ``write`` and ``absorb`` take the answer in."""
 
     def __init__(
         self,
@@ -149,12 +153,16 @@ class ModelCall(_Named):
         model_inputs: list[str],
         model_outputs: list[str],
         get: Callable[[str, str], Any],
+        model: str = "",
+        also: tuple[str, ...] = (),
     ) -> None:
+        """``model`` (default: the step's) is the model called; ``also`` are outputs it is
+        asked for besides the mapped ones, which are not written."""
         self.name, self.stage = name, ""
-        self.model = step.model_name
-        self.version = "" if step.model_version < 0 else str(step.model_version)
+        self.model = model or step.model_name
+        self.version = "" if model or step.model_version < 0 else str(step.model_version)
         unknown_in = sorted(set(step.input_map) - set(model_inputs))
-        unknown_out = sorted(set(step.output_map) - set(model_outputs))
+        unknown_out = sorted((set(step.output_map) | set(also)) - set(model_outputs))
         if unknown_in or unknown_out:
             raise ConfigError(
                 f"{name}: model {self.model!r} has inputs {model_inputs} and outputs "
@@ -167,33 +175,61 @@ class ModelCall(_Named):
         self.outputs = dict(step.output_map) if step.output_map else {m: m for m in model_outputs}
         self.needs = tuple(src for _, src in self.inputs)
         self.makes = tuple(self.outputs.values())
-        self._requested = [RequestedOutput(m) for m in self.outputs]
+        asked = [*self.outputs, *(a for a in also if a not in self.outputs)]
+        self._requested = [RequestedOutput(m) for m in asked]
         self._get = get
 
-    async def run(self, tensors: Tensors, call: Call) -> None:
+    def request(
+        self, tensors: Tensors, call: Call, model: str = "", rows: np.ndarray[Any, Any] | None = None
+    ) -> InferRequest:
+        """The request to ``model`` (default: the step's), with ``rows`` of the batch only
+        when given; the pipeline's deadline travels with it."""
         inputs = []
         for model_input, src in self.inputs:
             t = tensors[src]
-            inputs.append(InferTensor(model_input, t.datatype, t.shape, t.data))
-        request = InferRequest(
-            self.model,
-            self.version,
+            if rows is None:
+                inputs.append(InferTensor(model_input, t.datatype, t.shape, t.data))
+            else:
+                data = np.asarray(t.data)[rows]
+                inputs.append(InferTensor(model_input, t.datatype, tuple(data.shape), data))
+        return InferRequest(
+            model or self.model,
+            self.version if not model or model == self.model else "",
             inputs,
             id=call.request.id,
             outputs=list(self._requested),
             parameters=call.request.parameters,
             deadline=call.deadline,
         )
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """``request`` answered by its model; its errors name this step."""
         try:
-            response: InferResponse = await self._get(self.model, self.version).infer(request)
+            servable = self._get(request.model_name, request.model_version)
+            response: InferResponse = await servable.infer(request)
         except MilliserveError as exc:
             raise type(exc)(f"{self.name}: {exc.message}") from None
-        for t in response.outputs:
-            dest = self.outputs[t.name]
-            tensors[dest] = InferTensor(dest, t.datatype, t.shape, t.data)
+        return response
+
+    def write(self, outputs: list[InferTensor], tensors: Tensors) -> None:
+        """The mapped model outputs into the named tensors (outputs asked ``also`` skipped)."""
+        for t in outputs:
+            dest = self.outputs.get(t.name)
+            if dest is not None:
+                tensors[dest] = InferTensor(dest, t.datatype, t.shape, t.data)
+
+    @staticmethod
+    def absorb(response: InferResponse, call: Call) -> None:
+        """The model's stages into the request's Server-Timing, its response parameters into
+        the pipeline's."""
         stages = call.stages
         for k, v in response.timings.items():
             stages[k] = stages.get(k, 0.0) + v
         if response.record_stages is not None:  # the model's own stage histograms
             response.record_stages(response.timings)
         call.notes.update(response.parameters)
+
+    async def run(self, tensors: Tensors, call: Call) -> None:
+        response = await self.infer(self.request(tensors, call))
+        self.write(response.outputs, tensors)
+        self.absorb(response, call)

@@ -137,9 +137,8 @@ class ModelRegistry:
             raise ConfigError(f"pipeline {name!r} calls itself through {sorted(self._resolving)}")
         self._resolving.add(name)
         try:
-            for step in config.ensemble_scheduling.step:
-                dep = step.model_name
-                if not dep or (dep in self._entries and self._entries[dep].versions):
+            for dep in (m for step in config.ensemble_scheduling.step for m in step.models):
+                if dep in self._entries and self._entries[dep].versions:
                     continue
                 try:
                     await self.load(dep)

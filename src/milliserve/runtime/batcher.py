@@ -17,12 +17,16 @@ Other rules, as in Triton:
   lets fresher requests go first (DELAY);
 - priority levels: level 1 is served first;
 - only requests with equal non-batch shapes are merged.
+
+A queued request whose caller is cancelled (a client gone, a hedged copy that lost) leaves
+the queue at once and is never run; one already running finishes, and its result is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -39,7 +43,7 @@ from milliserve.errors import (
 )
 from milliserve.runtime.validation import Signature
 
-__all__ = ["BatchPolicy", "Batcher", "QueuedRequest"]
+__all__ = ["BatchPolicy", "Batcher", "QueuedRequest", "Runner"]
 
 # Weight of the newest observation in the running estimates.
 _GAP_ALPHA = 0.2
@@ -236,8 +240,23 @@ class Batcher:
             item.timer = loop.call_later(timeout_s, self._on_timeout, item, timeout_s)
         self._queues[item.priority].append(item)
         self._size += 1
+        item.future.add_done_callback(functools.partial(self._forget, item))
         self._drained.clear()
         self._wakeup.set()
+
+    def _forget(self, item: QueuedRequest, future: asyncio.Future[Any]) -> None:
+        """A queued request whose caller was cancelled leaves the queue now, not when the next
+        batch forms: it no longer counts toward ``max_queue_size`` or the queue length."""
+        if not future.cancelled() or item.dispatched:
+            return
+        try:
+            self._queues[item.priority].remove(item)
+        except ValueError:  # already taken out (a batch formed and skipped it)
+            return
+        self._size -= 1
+        if item.timer is not None:
+            item.timer.cancel()
+        self._note_idle()
 
     def _on_timeout(self, item: QueuedRequest, timeout_s: float) -> None:
         if item.dispatched or item.future.done():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from milliserve.errors import BackendError, DeadlineUnmeetableError, InvalidInpu
 from milliserve.protocol.types import InferTensor
 from milliserve.road import Call, Outputs
 from milliserve.runtime.adaptive import AdaptiveBatching
-from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
+from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest, Runner
 from milliserve.runtime.deadline import LatencyEstimator
 from milliserve.runtime.executor import InstanceWorker
 from milliserve.runtime.stats import ModelStats
@@ -57,7 +57,10 @@ class BatchExecute:
         inline: str = "auto",
         target_p99_s: float | None = None,
         inline_below_s: float = 100e-6,
+        around_batch: Sequence[Callable[[Runner], Runner]] = (),
     ) -> None:
+        """``around_batch`` wrap the running of each batch, innermost first (e.g. the
+        test-only stall injector, runtime/stall.py)."""
         if inline not in _INLINE_MODES:
             raise ValueError(f"parameter 'inline_execution' must be one of {_INLINE_MODES}, got {inline!r}")
         self.label = label
@@ -67,7 +70,10 @@ class BatchExecute:
         self.estimator = estimator
         self._backends = list(backends)
         self._outputs = list(io.outputs)
-        self.batcher = Batcher(policy, self._run_batch, len(self._backends))
+        runner: Runner = self._run_batch
+        for wrap in around_batch:
+            runner = wrap(runner)
+        self.batcher = Batcher(policy, runner, len(self._backends))
         self.workers: list[InstanceWorker] = []
         self._inline_mode = inline
         # a batch whose estimated compute is under this runs on the event loop thread
@@ -83,6 +89,7 @@ class BatchExecute:
             else None
         )
         stats.pending = self.batcher.pending
+        stats.queued = lambda: self.batcher.queued
         if self.adaptive is not None:
             tuned = self.adaptive
             stats.batching = lambda: (

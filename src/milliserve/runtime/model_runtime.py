@@ -35,6 +35,7 @@ from milliserve.runtime.execute import BatchExecute
 from milliserve.runtime.executor import Executor
 from milliserve.runtime.servable import ClientInputs, RoadServable
 from milliserve.runtime.stages import Admit, Deadline, StepStage, Validate, cache_stage
+from milliserve.runtime.stall import stall_injectors
 from milliserve.runtime.stats import ModelStats
 from milliserve.runtime.validation import model_io
 
@@ -144,6 +145,7 @@ class ModelRuntime(RoadServable):
                 _inline_mode(config),
                 db.target_p99_ms / 1000 if db is not None and db.target_p99_ms else None,
                 inline_below_s=COLOCATE_BELOW_S,
+                around_batch=stall_injectors(config),  # tests and benchmarks only
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None

@@ -111,6 +111,7 @@ class ModelStats:
     name: str
     version: str
     pending: Callable[[], int] = lambda: 0
+    queued: Callable[[], int] = lambda: 0  # of pending, those waiting for an instance
     inference_count: int = 0
     execution_count: int = 0
     last_inference_ms: int = 0
@@ -139,6 +140,8 @@ class ModelStats:
     stage_hist: dict[str, HistogramData] = field(default_factory=dict)
     # budget-driven batching: the current (batch cap, queue delay in s), when it is on
     batching: Callable[[], tuple[int, float]] | None = None
+    # pipelines: counters kept by steps (hedges, cascade rows), by step name then counter
+    step_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     # generative models only
     generation: GenerationStats | None = None
     load_s: float = 0.0

@@ -82,3 +82,12 @@ def test_a_large_batch_is_tokenized_through_the_offload(tmp_path: Path) -> None:
     assert calls == []  # a few bytes: tokenized in place, cheaper than a hand-off
     _run(step, *([b"some words " * 40] * (OFFLOAD_BYTES // 400 + 2)))
     assert len(calls) == 1
+
+
+def test_allow_empty_false_refuses_an_empty_or_blank_text(tmp_path: Path) -> None:
+    assert _run(_step(tmp_path), b"")["input_ids"].shape == (1, 2)  # by default: [CLS] [SEP]
+    step = _step(tmp_path, allow_empty=False)
+    _run(step, b"a query")
+    for blank in (b"", b"  \t"):
+        with pytest.raises(InvalidInputError, match=r"element 1 is empty; .*allow_empty: false"):
+            _run(step, b"fine", blank)

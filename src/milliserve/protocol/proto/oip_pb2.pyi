@@ -610,7 +610,7 @@ class ModelConfig(_message.Message):
 class ModelEnsembling(_message.Message):
     __slots__ = ("step",)
     class Step(_message.Message):
-        __slots__ = ("model_name", "model_version", "input_map", "output_map", "model_namespace", "tokenizer", "features", "rules", "python")
+        __slots__ = ("model_name", "model_version", "input_map", "output_map", "model_namespace", "tokenizer", "features", "rules", "python", "ann", "hedge", "cascade")
         class InputMapEntry(_message.Message):
             __slots__ = ("key", "value")
             KEY_FIELD_NUMBER: _ClassVar[int]
@@ -634,6 +634,9 @@ class ModelEnsembling(_message.Message):
         FEATURES_FIELD_NUMBER: _ClassVar[int]
         RULES_FIELD_NUMBER: _ClassVar[int]
         PYTHON_FIELD_NUMBER: _ClassVar[int]
+        ANN_FIELD_NUMBER: _ClassVar[int]
+        HEDGE_FIELD_NUMBER: _ClassVar[int]
+        CASCADE_FIELD_NUMBER: _ClassVar[int]
         model_name: str
         model_version: int
         input_map: _containers.ScalarMap[str, str]
@@ -643,10 +646,41 @@ class ModelEnsembling(_message.Message):
         features: ModelFeatures
         rules: ModelRules
         python: ModelPythonStep
-        def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[int] = ..., input_map: _Optional[_Mapping[str, str]] = ..., output_map: _Optional[_Mapping[str, str]] = ..., model_namespace: _Optional[str] = ..., tokenizer: _Optional[_Union[ModelTokenizer, _Mapping]] = ..., features: _Optional[_Union[ModelFeatures, _Mapping]] = ..., rules: _Optional[_Union[ModelRules, _Mapping]] = ..., python: _Optional[_Union[ModelPythonStep, _Mapping]] = ...) -> None: ...
+        ann: ModelAnn
+        hedge: ModelHedge
+        cascade: ModelCascade
+        def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[int] = ..., input_map: _Optional[_Mapping[str, str]] = ..., output_map: _Optional[_Mapping[str, str]] = ..., model_namespace: _Optional[str] = ..., tokenizer: _Optional[_Union[ModelTokenizer, _Mapping]] = ..., features: _Optional[_Union[ModelFeatures, _Mapping]] = ..., rules: _Optional[_Union[ModelRules, _Mapping]] = ..., python: _Optional[_Union[ModelPythonStep, _Mapping]] = ..., ann: _Optional[_Union[ModelAnn, _Mapping]] = ..., hedge: _Optional[_Union[ModelHedge, _Mapping]] = ..., cascade: _Optional[_Union[ModelCascade, _Mapping]] = ...) -> None: ...
     STEP_FIELD_NUMBER: _ClassVar[int]
     step: _containers.RepeatedCompositeFieldContainer[ModelEnsembling.Step]
     def __init__(self, step: _Optional[_Iterable[_Union[ModelEnsembling.Step, _Mapping]]] = ...) -> None: ...
+
+class ModelHedge(_message.Message):
+    __slots__ = ("replicas", "after_ms", "max_extra", "max_queue", "max_inflight")
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_EXTRA_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    after_ms: float
+    max_extra: int
+    max_queue: int
+    max_inflight: int
+    def __init__(self, replicas: _Optional[_Iterable[str]] = ..., after_ms: _Optional[float] = ..., max_extra: _Optional[int] = ..., max_queue: _Optional[int] = ..., max_inflight: _Optional[int] = ...) -> None: ...
+
+class ModelCascade(_message.Message):
+    __slots__ = ("fast", "full", "escalate_below", "probabilities", "answered_by")
+    FAST_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
+    ESCALATE_BELOW_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    fast: str
+    full: str
+    escalate_below: float
+    probabilities: str
+    answered_by: str
+    def __init__(self, fast: _Optional[str] = ..., full: _Optional[str] = ..., escalate_below: _Optional[float] = ..., probabilities: _Optional[str] = ..., answered_by: _Optional[str] = ...) -> None: ...
 
 class ModelFeatureSource(_message.Message):
     __slots__ = ("table", "key", "redis_prefix")
@@ -684,7 +718,7 @@ class ModelFeatures(_message.Message):
     def __init__(self, input: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., source: _Optional[_Union[ModelFeatureSource, _Mapping]] = ..., defaults: _Optional[_Mapping[str, float]] = ..., entity_parameter: _Optional[str] = ..., entity_input: _Optional[str] = ..., on_unavailable: _Optional[str] = ...) -> None: ...
 
 class ModelTokenizer(_message.Message):
-    __slots__ = ("file", "text_input", "ids", "mask", "max_length", "overflow", "max_text_bytes")
+    __slots__ = ("file", "text_input", "ids", "mask", "max_length", "overflow", "max_text_bytes", "allow_empty")
     FILE_FIELD_NUMBER: _ClassVar[int]
     TEXT_INPUT_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
@@ -692,6 +726,7 @@ class ModelTokenizer(_message.Message):
     MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
     OVERFLOW_FIELD_NUMBER: _ClassVar[int]
     MAX_TEXT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_EMPTY_FIELD_NUMBER: _ClassVar[int]
     file: str
     text_input: str
     ids: str
@@ -699,7 +734,8 @@ class ModelTokenizer(_message.Message):
     max_length: int
     overflow: str
     max_text_bytes: int
-    def __init__(self, file: _Optional[str] = ..., text_input: _Optional[str] = ..., ids: _Optional[str] = ..., mask: _Optional[str] = ..., max_length: _Optional[int] = ..., overflow: _Optional[str] = ..., max_text_bytes: _Optional[int] = ...) -> None: ...
+    allow_empty: bool
+    def __init__(self, file: _Optional[str] = ..., text_input: _Optional[str] = ..., ids: _Optional[str] = ..., mask: _Optional[str] = ..., max_length: _Optional[int] = ..., overflow: _Optional[str] = ..., max_text_bytes: _Optional[int] = ..., allow_empty: _Optional[bool] = ...) -> None: ...
 
 class ModelRules(_message.Message):
     __slots__ = ("input", "output", "column", "thresholds", "default", "labels", "score_output")
@@ -744,6 +780,24 @@ class ModelPythonStep(_message.Message):
     outputs: _containers.RepeatedScalarFieldContainer[str]
     parameters: _containers.ScalarMap[str, str]
     def __init__(self, function: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ModelAnn(_message.Message):
+    __slots__ = ("index", "input", "k", "max_k", "ids", "scores", "texts")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    MAX_K_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    index: str
+    input: str
+    k: int
+    max_k: int
+    ids: str
+    scores: str
+    texts: str
+    def __init__(self, index: _Optional[str] = ..., input: _Optional[str] = ..., k: _Optional[int] = ..., max_k: _Optional[int] = ..., ids: _Optional[str] = ..., scores: _Optional[str] = ..., texts: _Optional[str] = ...) -> None: ...
 
 class ModelBudget(_message.Message):
     __slots__ = ("p99_ms", "stages", "ttft_ms", "itl_ms")
