@@ -56,7 +56,8 @@ def test_repository_api_over_http_and_grpc(example_repo: Path) -> None:
         h = httpclient.InferenceServerClient(srv.http_url)
         g = grpcclient.InferenceServerClient(srv.grpc_url)
         states = {m["name"]: m.get("state") for m in h.get_model_repository_index()}
-        on_disk = {"minilm": None, "fraud": None, "sentiment": None, "sentiment_head": None}
+        names = ("minilm", "fraud", "sentiment", "sentiment_model", "sentiment_fast", "sentiment_cascade")
+        on_disk = dict.fromkeys(names)
         assert states == {"fraud_mlp": "READY", **on_disk}  # on disk, never loaded
         g.load_model("minilm")
         assert h.is_model_ready("minilm")

@@ -111,7 +111,15 @@ def test_metadata_config_and_statistics_through_both_clients(server: ServerProce
     stats = g.get_inference_statistics("fraud_mlp").model_stats[0]
     assert stats.inference_count >= 1 and stats.execution_count >= 1
     index = g.get_model_repository_index()
-    assert {m.name for m in index.models} == {"fraud_mlp", "minilm", "fraud", "sentiment", "sentiment_head"}
+    assert {m.name for m in index.models} == {
+        "fraud_mlp",
+        "minilm",
+        "fraud",
+        "sentiment",
+        "sentiment_model",
+        "sentiment_fast",
+        "sentiment_cascade",
+    }
     g.close()
 
 

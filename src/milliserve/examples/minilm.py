@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["build_minilm", "minilm_dir", "tokenizer_path"]
+__all__ = ["build_minilm", "encoder_model", "minilm_dir", "tokenizer_path"]
 
 CONFIG_YAML = """\
 # Native milliserve config (Triton field names).
@@ -99,7 +100,9 @@ class _Graph:
         )
 
 
-def _encoder(weights: dict[str, np.ndarray[Any, Any]], cfg: dict[str, Any]) -> onnx.ModelProto:
+def _encoder(
+    weights: dict[str, np.ndarray[Any, Any]], cfg: dict[str, Any], layers: Sequence[int] | None = None
+) -> onnx.ModelProto:
     g = _Graph()
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
@@ -143,7 +146,7 @@ def _encoder(weights: dict[str, np.ndarray[Any, Any]], cfg: dict[str, Any]) -> o
     half = g.const("half", np.array(0.5, np.float32))
     one = "one_f"
 
-    for i in range(int(cfg["num_hidden_layers"])):
+    for i in range(int(cfg["num_hidden_layers"])) if layers is None else layers:
         p = f"encoder.layer.{i}."
 
         def proj(part: str, x: str, p: str = p) -> str:
@@ -216,14 +219,19 @@ def _encoder(weights: dict[str, np.ndarray[Any, Any]], cfg: dict[str, Any]) -> o
     return model
 
 
-def build_minilm(repo: Path) -> Path:
-    """Write ``repo/minilm/{config.yaml, 1/model.onnx}``; returns the model file."""
+def encoder_model(layers: Sequence[int] | None = None) -> onnx.ModelProto:
+    """The MiniLM encoder as ONNX (``embedding`` out); ``layers`` keeps only those
+    transformer layers, in that order (a shallow student's starting point)."""
     from safetensors.numpy import load_file
 
     src = minilm_dir()
     cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
-    weights = load_file(str(src / "model.safetensors"))
-    model = _encoder(weights, cfg)
+    return _encoder(load_file(str(src / "model.safetensors")), cfg, layers)
+
+
+def build_minilm(repo: Path) -> Path:
+    """Write ``repo/minilm/{config.yaml, 1/model.onnx}``; returns the model file."""
+    model = encoder_model()
     model_dir = repo / "minilm"
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     path = model_dir / "1" / "model.onnx"

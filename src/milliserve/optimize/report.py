@@ -6,16 +6,20 @@ variant marked)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from milliserve.errors import MissingDependencyError
 from milliserve.optimize.measure import BATCHES
 from milliserve.optimize.select import latency_parts
 from milliserve.plotting import pyplot
 
 __all__ = ["OptimizeReport", "write_reports"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -112,7 +116,10 @@ def write_reports(report: OptimizeReport, output: Path) -> None:
             shown = "-" if math.isnan(s["quality"]) else f"{s['quality']:.4f}"
             lines.append(f"| {s['what']} | {s['kept_fp32']} | {shown} | {s['seconds']:.1f} |")
     (output / "report.md").write_text("\n".join(lines) + "\n")
-    _plot(report, output / "pareto.png")
+    try:
+        _plot(report, output / "pareto.png")
+    except MissingDependencyError as exc:  # the plot is a picture of report.md, not the result
+        log.warning("no pareto.png: %s", exc.message)
 
 
 def _place_labels(ax: Any, points: list[tuple[float, float, str]], fig: Any) -> list[Any]:
