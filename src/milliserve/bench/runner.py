@@ -63,6 +63,8 @@ class BenchConfig:
     max_windows: int = 10
     batch: int = 1
     data: str = "random"
+    zipf: float | None = None  # with data FILE.txt: a Zipf stream over its texts
+    text_input: str | None = None  # with data FILE.txt: the BYTES input (default from metadata)
     shapes: dict[str, list[int]] = field(default_factory=dict)
     binary: bool = True
     split_writes: bool = False  # HTTP: head and body in two sends, like libcurl
@@ -240,7 +242,17 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
     """
     cfg.check()
     target = parse_target(cfg.url)
-    workload = build_workload(target, cfg.model, cfg.version, cfg.batch, cfg.data, cfg.shapes, cfg.binary)
+    workload = build_workload(
+        target,
+        cfg.model,
+        cfg.version,
+        cfg.batch,
+        cfg.data,
+        cfg.shapes,
+        cfg.binary,
+        zipf=cfg.zipf,
+        text_input=cfg.text_input,
+    )
     workload.split_writes = cfg.split_writes
     workers = cfg.workers = client_workers(cfg.workers)
     pools: list[tuple[WorkerPool, str | None, Workload]] = [
@@ -248,7 +260,15 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
     ]
     if cfg.compare_url:
         other = build_workload(
-            parse_target(cfg.compare_url), cfg.model, cfg.version, cfg.batch, cfg.data, cfg.shapes, cfg.binary
+            parse_target(cfg.compare_url),
+            cfg.model,
+            cfg.version,
+            cfg.batch,
+            cfg.data,
+            cfg.shapes,
+            cfg.binary,
+            zipf=cfg.zipf,
+            text_input=cfg.text_input,
         )
         other.split_writes = cfg.split_writes
         pools.append((WorkerPool(other, workers), None, other))

@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 import numpy as np
 import orjson
 
+from milliserve.bench.text_stream import read_texts, text_stream
 from milliserve.errors import ConfigError
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.proto import oip_pb2 as pb
@@ -204,13 +205,22 @@ def build_workload(
     shapes: dict[str, list[int]] | None = None,
     binary: bool = True,
     variants: int = 8,
+    zipf: float | None = None,
+    text_input: str | None = None,
 ) -> Workload:
     """Fetch the model's inputs and encode ``variants`` request bodies.
 
     ``data`` is ``random``, ``zero`` or a path to a JSON file holding a list of OIP
     request bodies (sent as they are, over HTTP JSON). Raises ConfigError for an
     unreachable target, an unknown model, or shapes that do not fit the model.
+    ``data`` may also be a ``.txt`` file of texts, one per line, for a model with a BYTES
+    input (``text_input``, default the model's only BYTES input): each body carries one
+    text, in file order or as a Zipf stream (``zipf``; see bench/text_stream.py).
     """
+    if data.endswith(".txt"):
+        return _text_workload(target, model, version, Path(data), zipf, text_input, binary)
+    if zipf is not None or text_input is not None:
+        raise ConfigError("--zipf and --text-input go with --data FILE.txt (texts, one per line)")
     if data not in ("random", "zero"):
         # a file of request bodies is sent as it is: no metadata needed, so servers that
         # only implement the infer route (the peers in benchmarks/peers) can be measured too
@@ -244,6 +254,43 @@ def build_workload(
         for t in meta["inputs"]:
             shape = _resolve_shape(t["name"], t["shape"], max_batch > 0, batch, shapes.get(t["name"]))
             tensors.append((t["name"], t["datatype"], _data(t["datatype"], shape, data, rng)))
+        if target.protocol == "grpc":
+            bodies.append(_encode_grpc(model, version, tensors))
+        else:
+            body, head = _encode_http(model, tensors, binary)
+            bodies.append(body)
+            headers.append(head)
+    return Workload(target, model, version, bodies, headers)
+
+
+def _text_workload(
+    target: Target,
+    model: str,
+    version: str,
+    path: Path,
+    zipf: float | None,
+    text_input: str | None,
+    binary: bool,
+) -> Workload:
+    """One body per text of the stream. Without ``text_input`` the model's metadata names
+    its BYTES input; with it, no metadata is read (a peer that only serves infer works)."""
+    if not path.is_file():
+        raise ConfigError(f"--data {str(path)!r}: no such file")
+    stream = text_stream(read_texts(path), zipf)
+    shape: tuple[int, ...] = (1, 1)
+    if text_input is None:
+        meta, max_batch = fetch_model(target, model, version)
+        texts_in = [t for t in meta["inputs"] if t["datatype"] == BYTES]
+        if len(meta["inputs"]) != 1 or len(texts_in) != 1:
+            raise ConfigError(
+                f"--data {path.name}: model {model!r} has inputs "
+                f"{[(t['name'], t['datatype']) for t in meta['inputs']]}; texts need exactly one BYTES input"
+            )
+        text_input = texts_in[0]["name"]
+        shape = (1, 1) if max_batch > 0 else (1,)
+    bodies, headers = [], []
+    for text in stream:
+        tensors = [(text_input, BYTES, np.array([text.encode()], dtype=object).reshape(shape))]
         if target.protocol == "grpc":
             bodies.append(_encode_grpc(model, version, tensors))
         else:

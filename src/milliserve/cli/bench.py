@@ -23,6 +23,8 @@ _TENSOR_ONLY = {
     "batch_size": 1,
     "shape": None,
     "data": "random",
+    "zipf": None,
+    "text_input": None,
     "json_tensors": False,
     "split_writes": False,
     "metrics_url": None,
@@ -156,6 +158,8 @@ def _bench_tensors(args: argparse.Namespace) -> int:
         window_s=args.window,
         batch=args.batch_size,
         data=args.data,
+        zipf=args.zipf,
+        text_input=args.text_input,
         shapes=dict(args.shape or []),
         binary=not args.json_tensors,
         split_writes=args.split_writes,
@@ -264,7 +268,15 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument(
         "--shape", action="append", type=_shape, metavar="NAME:DIMS", help="dims of a variable input"
     )
-    b.add_argument("--data", default="random", help="random, zero, or a JSON file of OIP request bodies")
+    b.add_argument(
+        "--data",
+        default="random",
+        help="random, zero, a JSON file of OIP request bodies, or a .txt file of texts (one per line)",
+    )
+    b.add_argument(
+        "--zipf", type=float, default=None, metavar="S", help="with --data FILE.txt: Zipf-distributed repeats"
+    )
+    b.add_argument("--text-input", default=None, help="with --data FILE.txt: the model's BYTES input")
     b.add_argument("--json-tensors", action="store_true", help="HTTP: JSON tensors instead of binary")
     b.add_argument(
         "--split-writes",
