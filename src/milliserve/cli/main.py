@@ -51,6 +51,19 @@ def _examples_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _examples_data(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from milliserve.examples.sentiment import write_tutorial_data
+
+    console = Console(stderr=True)
+    with console.status("writing the sentiment tutorial's data (the FP32 classifier: a minute, once)"):
+        paths = write_tutorial_data(args.dir, args.eval, args.zipf)
+    for name, path in paths.items():
+        console.print(f"[green]wrote[/green] {name}: {path}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -85,11 +98,43 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
 def _features_load(args: argparse.Namespace) -> int:
     from milliserve.features.store import write_table_to_redis
 
     n = write_table_to_redis(args.table, args.key, args.redis, args.prefix)
     print(f"wrote {n} entities from {args.table} to {args.redis} as hashes {args.prefix}<{args.key}>")
+    return 0
+
+
+def _index_build(args: argparse.Namespace) -> int:
+    from milliserve.optimize.progress import RichProgress
+    from milliserve.pipeline.ann_index import HnswParams
+    from milliserve.pipeline.text_index import build_text_index, find_encoder, read_texts
+
+    params = HnswParams(m=args.m, ef_construction=args.ef_construction, ef=args.ef)
+    progress = RichProgress()
+    texts = read_texts(args.texts, args.column, args.limit)
+    progress.stage(
+        f"{len(texts.texts):,} texts from {args.texts} ({texts.skipped_empty} empty and "
+        f"{texts.skipped_duplicates} duplicates skipped)"
+    )
+    encoder = find_encoder(args.repo, args.model, args.tokenizer, args.embedding)
+    with progress.steps(f"embedding with {args.model}", len(texts.texts)) as advance:
+        index = build_text_index(texts, encoder, args.output, params, args.model, advance, args.metric)
+    progress.console.print(
+        f"[green]wrote[/green] {args.output} (+ .json, .npz): {index.count:,} vectors of dim {index.dim}; "
+        f"use it in a pipeline step: ann: {{index: {args.output.name}, input: embedding, k: 10}}"
+    )
     return 0
 
 
@@ -231,8 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
     esub = e.add_subparsers(dest="examples_command", required=True)
     eb = esub.add_parser("build", help="write the example repository (no downloads)")
     eb.add_argument("dir", type=Path, nargs="?", default=DEFAULT_EXAMPLE_REPO)
-    eb.add_argument("--only", action="append", metavar="NAME", help="fraud_mlp or minilm; repeatable")
+    eb.add_argument(
+        "--only", action="append", metavar="NAME", help="fraud_mlp, minilm, sentiment, ...; repeatable"
+    )
     eb.set_defaults(func=_examples_build)
+    ed = esub.add_parser("data", help="the sentiment tutorial's data: tweets, token streams, the FP32 model")
+    ed.add_argument("dir", type=Path)
+    ed.add_argument("--eval", type=int, default=1000, help="held-out tweets (default 1000)")
+    ed.add_argument("--zipf", type=float, default=1.1, help="the token stream's Zipf exponent (default 1.1)")
+    ed.set_defaults(func=_examples_data)
 
     add_bench_parser(sub)
 
@@ -301,6 +353,25 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--key", default="id", help="the entity id column (default id)")
     fl.add_argument("--prefix", default="", help="hash key prefix, e.g. user: (default none)")
     fl.set_defaults(func=_features_load)
+
+    ix = sub.add_parser("index", help="nearest-neighbour indexes for the ann pipeline step")
+    isub = ix.add_subparsers(dest="index_command", required=True)
+    ib = isub.add_parser("build", help="embed texts with a repository's encoder and build an ANN index")
+    ib.add_argument("texts", type=Path, help="a text file, one text per line (or a CSV with --column)")
+    ib.add_argument("--repo", type=Path, required=True, help="the model repository holding the encoder")
+    ib.add_argument("--model", required=True, help="the encoder model (ONNX: input_ids, attention_mask)")
+    ib.add_argument("--output", type=Path, required=True, help="the index file (and PATH.json, PATH.npz)")
+    ib.add_argument("--column", default=None, help="read this column of a CSV file")
+    ib.add_argument(
+        "--tokenizer", type=Path, default=None, help="tokenizer.json (default: the one the repository uses)"
+    )
+    ib.add_argument("--embedding", default=None, help="the encoder output to index (default: its first)")
+    ib.add_argument("--metric", choices=("ip", "cosine"), default="ip", help="default ip (unit vectors)")
+    ib.add_argument("--m", type=_positive, default=16, help="HNSW links per node (default 16)")
+    ib.add_argument("--ef-construction", type=_positive, default=200, help="HNSW build breadth (default 200)")
+    ib.add_argument("--ef", type=_positive, default=64, help="HNSW search breadth (default 64)")
+    ib.add_argument("--limit", type=_positive, default=None, help="index at most this many texts")
+    ib.set_defaults(func=_index_build)
 
     bg = sub.add_parser("budget", help="latency budgets")
     bsub = bg.add_subparsers(dest="budget_command", required=True)
