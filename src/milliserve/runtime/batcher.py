@@ -187,7 +187,16 @@ class Batcher:
                 finally:
                     self._gathering -= 1
                 batch = self._join(item)
-            await self._run(index, self._take(batch, time.perf_counter()))
+            taken = self._take(batch, time.perf_counter())
+            if len(taken) == 1:
+                await self._run(index, taken)
+            else:
+                # Other callers' requests ride in this batch: it must finish even if this
+                # caller is cancelled (a client gone, a hedged copy that lost), or theirs hang.
+                run = asyncio.create_task(self._run(index, taken))
+                self._running.add(run)
+                run.add_done_callback(self._running.discard)
+                await asyncio.shield(run)
             return item.future.result()
         self._enqueue(item, timeout_s)
         return await item.future

@@ -104,3 +104,30 @@ def test_stalls_are_seeded_and_configured() -> None:
         stall_injectors(config(test_stall_ms="20", test_stall_probability="2"))
     with pytest.raises(ConfigError, match="need test_stall_ms"):
         stall_injectors(config(test_stall_probability="0.5"))
+
+
+def test_a_batch_others_ride_in_finishes_when_the_caller_that_started_it_is_cancelled(poll: Any) -> None:
+    async def main() -> None:
+        gate = Gate()
+        gate.open.set()
+        b = Batcher(BatchPolicy("m", merge=True, max_batch_size=8), gate, 1)
+        b.gather_ready = True  # as for a model whose batches are gathered on the direct path
+        await b.start()
+        for v in range(15):  # sequential callers: the 16th direct call gathers companions
+            await b.execute(_item(100 + v), None)
+        gate.open.clear()
+        leader = asyncio.ensure_future(b.execute(_item(1), None))
+        riders = [asyncio.ensure_future(b.execute(_item(v), None)) for v in (2, 3)]
+        await poll.until_async(lambda: b.inflight == 1 and b.queued == 0, what="one batch running")
+        leader.cancel()  # the caller that started the batch goes away mid-compute
+        await asyncio.sleep(0)
+        gate.open.set()
+        results = await asyncio.wait_for(asyncio.gather(*riders), timeout=30)
+        assert [float(r["y"][0, 0]) for r in results] == [2.0, 3.0]
+        assert gate.ran[-1] == [1, 2, 3]  # they rode in the leader's batch
+        with pytest.raises(asyncio.CancelledError):
+            await leader
+        await poll.until_async(lambda: b.pending() == 0, what="the batcher idle")
+        await b.close()
+
+    asyncio.run(main())
