@@ -27,7 +27,7 @@ MAX_TEXTS = 1_000_000
 def read_texts(path: Path) -> list[str]:
     """The non-empty lines of ``path`` (UTF-8). Raises ConfigError when there are none."""
     texts = []
-    with path.open(encoding="utf-8", errors="replace") as f:
+    with path.open(encoding="utf-8-sig", errors="replace") as f:
         for line in f:
             text = line.rstrip("\r\n")
             if text.strip():

@@ -19,6 +19,7 @@ cosines (``metric: cosine``: hnswlib normalises the vectors), higher is nearer.
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -150,6 +151,12 @@ class AnnIndex:
         count, dim = int(meta["count"]), int(meta["dim"])
         if ids.shape != (count,) or offsets.shape != (count + 1,) or int(offsets[-1]) != len(blob):
             raise ConfigError(f"ann index {data_path}: ids or texts do not match count {count}")
+        stored = _stored_dim(path)
+        if stored != dim:  # hnswlib trusts the dim it is given: a wrong one reads out of bounds
+            raise ConfigError(
+                f"ann index {path}: holds vectors of dim {stored}, {meta_path.name} says {dim}; "
+                "rebuild it with `milliserve index build`"
+            )
         hnsw = hnswlib.Index(space=meta["metric"], dim=dim)
         try:
             hnsw.load_index(str(path), max_elements=count)
@@ -178,6 +185,21 @@ class AnnIndex:
         out = np.empty(len(flat), dtype=object)
         out[:] = [blob[s:e].tobytes() for s, e in zip(start.tolist(), end.tolist(), strict=True)]
         return out.reshape(rows.shape)
+
+
+def _stored_dim(path: Path) -> int | None:
+    """The vector dim an hnswlib file was written with, from its header: six size_t fields
+    (level-0 offset, max elements, count, bytes per element, label offset, data offset);
+    the FP32 vector sits between the data offset and the label. None if unreadable."""
+    with path.open("rb") as f:
+        head = f.read(48)
+    if len(head) < 48:
+        return None
+    *_, per_element, label_offset, data_offset = struct.unpack("<6Q", head)
+    size = label_offset - data_offset
+    if not 0 < size <= per_element or size % 4:
+        return None
+    return int(size) // 4
 
 
 def _version(package: str) -> str:

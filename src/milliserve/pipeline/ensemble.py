@@ -67,6 +67,12 @@ def build_steps(
             elif s.cascade is not None:
                 step = CascadeStep(label, s, get_model)
                 after_model = True
+                named = s.cascade.answered_by
+                declared = next((t.data_type for t in config.output if t.name == named), "BYTES")
+                if declared != "BYTES":  # caught here, not as a 500 on every request
+                    raise ConfigError(
+                        f"answered_by {named!r} holds model names: declare it TYPE_STRING, not {declared}"
+                    )
             elif s.tokenizer is not None:
                 step = TokenizerStep(label, s.tokenizer, model_dir, offload)
             elif s.features is not None:
@@ -87,8 +93,9 @@ def build_steps(
             else:
                 assert s.python is not None
                 step = PythonCall(label, s.python, "postprocess" if after_model else "preprocess")
-        except MilliserveError as exc:
-            raise ConfigError(f"{where}: {label}: {exc.message}") from None
+        except MilliserveError as exc:  # steps that name themselves are not named twice
+            message = exc.message.removeprefix(f"{label}: ")
+            raise ConfigError(f"{where}: {label}: {message}") from None
         steps.append(step)
     available = {t.name for t in config.input}
     for step in steps:

@@ -169,6 +169,8 @@ class HedgedCall(ModelCall):
                     task.cancel()
                     self._losers.add(task)
                     task.add_done_callback(self._reap)
+                elif not task.cancelled():
+                    task.exception()  # a copy that failed before the winner answered: seen
         response = winner.result()
         model, sent_after = copies[winner]
         self.window.observe(time.perf_counter() - start)

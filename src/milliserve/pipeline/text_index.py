@@ -46,7 +46,7 @@ def read_texts(path: Path, column: str | None = None, limit: int | None = None) 
     for a missing file or column, and when no text is left."""
     if not path.is_file():
         raise ConfigError(f"texts file {path}: no such file")
-    with path.open(encoding="utf-8", errors="replace", newline="") as f:
+    with path.open(encoding="utf-8-sig", errors="replace", newline="") as f:
         if column is None:
             raw = [line.rstrip("\r\n") for line in f]
         else:

@@ -51,6 +51,11 @@ _GAP_ALPHA = 0.2
 _MIN_OVERLAP = 0.5
 
 
+def _drop_result(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
     """Batching and queueing rules of one model version."""
@@ -196,7 +201,13 @@ class Batcher:
                 run = asyncio.create_task(self._run(index, taken))
                 self._running.add(run)
                 run.add_done_callback(self._running.discard)
-                await asyncio.shield(run)
+                try:
+                    await asyncio.shield(run)
+                except asyncio.CancelledError:
+                    # nobody waits for this caller's answer now: an error set on it later
+                    # (its deadline passed in the batch) is dropped, not logged as unseen
+                    item.future.add_done_callback(_drop_result)
+                    raise
             return item.future.result()
         self._enqueue(item, timeout_s)
         return await item.future

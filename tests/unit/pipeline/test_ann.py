@@ -240,3 +240,28 @@ def test_read_texts_skips_empty_lines_and_keeps_the_first_of_duplicates(tmp_path
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(ConfigError, match="no text to index"):
         read_texts(tmp_path / "empty.txt")
+
+
+def test_a_sidecar_whose_dim_disagrees_with_the_index_file_is_refused_at_load(tmp_path: Path) -> None:
+    # hnswlib trusts the dim it is given: a stale or edited .json used to load, then read
+    # out of bounds on the first query (garbage scores, or a segfault for a large dim)
+    x = np.random.default_rng(0).standard_normal((30, 16)).astype(np.float32)
+    path = tmp_path / "v.index"
+    AnnIndex.build(x, [f"t{i}" for i in range(30)]).save(path)
+    meta_path = tmp_path / "v.index.json"
+    for wrong in (2_000_000, 12):
+        meta = json.loads(meta_path.read_text())
+        meta["dim"] = wrong
+        meta_path.write_text(json.dumps(meta))
+        with pytest.raises(ConfigError, match=f"holds vectors of dim 16, v.index.json says {wrong}"):
+            AnnIndex.load(path)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_text_or_column(tmp_path: Path) -> None:
+    txt = tmp_path / "t.txt"
+    txt.write_bytes("\ufeffhello world\r\nother\r\nhello world\r\n".encode())
+    got = read_texts(txt, None, None)
+    assert got.texts == ["hello world", "other"] and got.skipped_duplicates == 1
+    csv_file = tmp_path / "t.csv"
+    csv_file.write_bytes("\ufeffid,text\r\n1,a\r\n".encode())
+    assert read_texts(csv_file, "id", None).texts == ["1"]  # an Excel export's first column

@@ -94,3 +94,44 @@ def test_models_must_match_and_have_the_probabilities(models: Models) -> None:
     models.add(FakeModel("full", outputs=("scores",)), FakeModel("fast", outputs=("scores",)))
     with pytest.raises(ConfigError, match=r"probabilities 'probabilities' is not an output of 'fast'"):
         _step(models)
+
+
+def test_an_answered_by_output_declared_other_than_string_fails_the_load(
+    models: Models, tmp_path: Any
+) -> None:
+    from milliserve.cache.response_cache import CacheFactory
+    from milliserve.config.model_config import ModelConfig
+    from milliserve.pipeline.ensemble import build_steps
+
+    models.add(FakeModel("fast"), FakeModel("full"))
+    config = ModelConfig.model_validate(
+        {
+            "name": "p",
+            "platform": "ensemble",
+            "max_batch_size": 8,
+            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
+            "output": [
+                {"name": "probabilities", "data_type": "TYPE_FP32", "dims": [2]},
+                {"name": "answered_by", "data_type": "TYPE_FP32", "dims": [1]},
+            ],
+            "ensemble_scheduling": {
+                "step": [
+                    {
+                        "cascade": {
+                            "fast": "fast",
+                            "full": "full",
+                            "escalate_below": 0.8,
+                            "answered_by": "answered_by",
+                        }
+                    }
+                ]
+            },
+        }
+    )
+    # it used to load and then answer every request with a 500
+    with pytest.raises(
+        ConfigError,
+        match=r"step 1 \(cascade\): answered_by 'answered_by' holds model names: "
+        r"declare it TYPE_STRING, not FP32",
+    ):
+        build_steps(config, tmp_path, models.get_model, CacheFactory())
