@@ -188,6 +188,24 @@ def _encode_http(
     }
 
 
+def _add(
+    target: Target,
+    model: str,
+    version: str,
+    tensors: list[tuple[str, str, np.ndarray[Any, Any]]],
+    binary: bool,
+    bodies: list[bytes],
+    headers: list[dict[str, str]],
+) -> None:
+    """Encode one request for the target's protocol onto ``bodies`` (and HTTP ``headers``)."""
+    if target.protocol == "grpc":
+        bodies.append(_encode_grpc(model, version, tensors))
+    else:
+        body, head = _encode_http(model, tensors, binary)
+        bodies.append(body)
+        headers.append(head)
+
+
 def _encode_grpc(model: str, version: str, tensors: list[tuple[str, str, np.ndarray[Any, Any]]]) -> bytes:
     msg = pb.ModelInferRequest(model_name=model, model_version=version)
     for n, d, a in tensors:
@@ -248,18 +266,14 @@ def build_workload(
     if batch < 1 or (max_batch and batch > max_batch):
         raise ConfigError(f"batch size {batch} is outside 1..{max_batch or 1} for model {model!r}")
     rng = np.random.default_rng(0)
-    bodies, headers = [], []
+    bodies: list[bytes] = []
+    headers: list[dict[str, str]] = []
     for _ in range(variants if data == "random" else 1):
         tensors = []
         for t in meta["inputs"]:
             shape = _resolve_shape(t["name"], t["shape"], max_batch > 0, batch, shapes.get(t["name"]))
             tensors.append((t["name"], t["datatype"], _data(t["datatype"], shape, data, rng)))
-        if target.protocol == "grpc":
-            bodies.append(_encode_grpc(model, version, tensors))
-        else:
-            body, head = _encode_http(model, tensors, binary)
-            bodies.append(body)
-            headers.append(head)
+        _add(target, model, version, tensors, binary, bodies, headers)
     return Workload(target, model, version, bodies, headers)
 
 
@@ -288,13 +302,9 @@ def _text_workload(
             )
         text_input = texts_in[0]["name"]
         shape = (1, 1) if max_batch > 0 else (1,)
-    bodies, headers = [], []
+    bodies: list[bytes] = []
+    headers: list[dict[str, str]] = []
     for text in stream:
         tensors = [(text_input, BYTES, np.array([text.encode()], dtype=object).reshape(shape))]
-        if target.protocol == "grpc":
-            bodies.append(_encode_grpc(model, version, tensors))
-        else:
-            body, head = _encode_http(model, tensors, binary)
-            bodies.append(body)
-            headers.append(head)
+        _add(target, model, version, tensors, binary, bodies, headers)
     return Workload(target, model, version, bodies, headers)
