@@ -241,26 +241,10 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
     or shapes that do not fit it.
     """
     cfg.check()
-    target = parse_target(cfg.url)
-    workload = build_workload(
-        target,
-        cfg.model,
-        cfg.version,
-        cfg.batch,
-        cfg.data,
-        cfg.shapes,
-        cfg.binary,
-        zipf=cfg.zipf,
-        text_input=cfg.text_input,
-    )
-    workload.split_writes = cfg.split_writes
-    workers = cfg.workers = client_workers(cfg.workers)
-    pools: list[tuple[WorkerPool, str | None, Workload]] = [
-        (WorkerPool(workload, workers), cfg.metrics_url, workload)
-    ]
-    if cfg.compare_url:
-        other = build_workload(
-            parse_target(cfg.compare_url),
+
+    def workload_for(url: str) -> Workload:
+        w = build_workload(
+            parse_target(url),
             cfg.model,
             cfg.version,
             cfg.batch,
@@ -270,7 +254,16 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
             zipf=cfg.zipf,
             text_input=cfg.text_input,
         )
-        other.split_writes = cfg.split_writes
+        w.split_writes = cfg.split_writes
+        return w
+
+    workload = workload_for(cfg.url)
+    workers = cfg.workers = client_workers(cfg.workers)
+    pools: list[tuple[WorkerPool, str | None, Workload]] = [
+        (WorkerPool(workload, workers), cfg.metrics_url, workload)
+    ]
+    if cfg.compare_url:
+        other = workload_for(cfg.compare_url)
         pools.append((WorkerPool(other, workers), None, other))
     report = BenchReport(cfg, machine_info(workers), [])
     if cfg.calibrate:
