@@ -13,6 +13,7 @@ from pathlib import Path
 
 from milliserve._version import __version__
 from milliserve.cli.bench import add_bench_parser
+from milliserve.cli.edge import add_edge_parser
 from milliserve.cli.serve import UsageError, parse_bool, serve_settings
 
 __all__ = ["main"]
@@ -270,6 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="true|false",
         help="ready only while every model that should serve does (default true, as Triton)",
     )
+    s.add_argument(
+        "--edge",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="serve the browser bundles in DIR (milliserve edge build) at /edge/<model>/ (default off)",
+    )
     s.set_defaults(func=_serve)
 
     e = sub.add_parser("examples", help="example model repository")
@@ -287,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     ed.set_defaults(func=_examples_data)
 
     add_bench_parser(sub)
+    add_edge_parser(sub)
 
     o = sub.add_parser("optimize", help="build, measure and ship the fastest variant of a model")
     o.add_argument(

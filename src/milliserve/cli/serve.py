@@ -34,6 +34,7 @@ _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "redis_url": ("redis", "url"),
     "auth_token": ("auth", "token"),
     "strict_readiness": ("strict_readiness",),
+    "edge": ("edge", "dir"),
 }
 
 

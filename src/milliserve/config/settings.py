@@ -15,11 +15,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
     "AuthSettings",
+    "EdgeSettings",
     "GrpcSettings",
     "HttpSettings",
     "MetricsSettings",
     "RedisSettings",
     "Settings",
+    "cache_dir",
     "hf_offline_env",
 ]
 
@@ -128,6 +130,17 @@ class AuthSettings(BaseModel):
         return v
 
 
+class EdgeSettings(BaseModel):
+    """Browser bundles (``milliserve edge build``) served at ``/edge/<model>/``: off unless
+    ``dir`` is set. Every bundle in it (a folder with a manifest.json) is published, model
+    file included, to anyone who can reach the HTTP port: no token is asked for them."""
+
+    model_config = ConfigDict(extra="forbid")
+    dir: Path | None = None
+    # the model file and ORT's runtime have content-hashed or versioned names: cached for a year
+    immutable_max_age_s: int = Field(365 * 24 * 3600, ge=0)
+
+
 class Settings(BaseSettings):
     """Everything a server needs. Defaults are safe: loopback only, repository API off."""
 
@@ -159,6 +172,13 @@ class Settings(BaseSettings):
     # "auto": keep the event loop on one CPU and run microsecond models' workers beside it
     # (Linux); "off": leave thread placement to the OS.
     cpu_affinity: Literal["auto", "off"] = "auto"
+    edge: EdgeSettings = EdgeSettings()
+
+
+def cache_dir() -> Path:
+    """Where built artefacts are cached between runs: ``$MILLISERVE_CACHE`` (default
+    ``~/.cache/milliserve``)."""
+    return Path(os.environ.get("MILLISERVE_CACHE", Path.home() / ".cache" / "milliserve"))
 
 
 def hf_offline_env() -> dict[str, str]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from milliserve.config.settings import cache_dir
 from milliserve.examples.minilm import minilm_dir, tokenizer_path
 
 __all__ = [
@@ -142,10 +143,6 @@ def sentiment_model(encoder: Any = None) -> Any:
             return self.head(self.pool(input_ids, attention_mask))  # type: ignore[no-any-return]
 
     return SentimentClassifier(encoder if encoder is not None else _encoder())
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MILLISERVE_CACHE", Path.home() / ".cache" / "milliserve"))
 
 
 def _train_head(model: Any, n_train: int = 6000) -> dict[str, Any]:

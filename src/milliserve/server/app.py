@@ -32,6 +32,7 @@ from milliserve.server.grpc.options import server_options
 from milliserve.server.grpc.servicer import CallCount, build_grpc_server
 from milliserve.server.http.app import HttpApp
 from milliserve.server.http.connection import ConnectionLimits, protocol_class
+from milliserve.server.http.edge_files import EdgeFiles
 from milliserve.server.listeners import HTTP, METRICS, bind_grpc, bind_tcp
 from milliserve.server.metrics_app import MetricsApp
 
@@ -73,6 +74,10 @@ class Server:
         )
         a = settings.auth
         self.auth = Auth(a.token.get_secret_value() if a.token else None, a.protect_health, a.protect_metrics)
+        e = settings.edge
+        self.edge_files = (
+            EdgeFiles(e.dir, e.immutable_max_age_s, self.executor.offload) if e.dir is not None else None
+        )
         self._uvicorns: list[tuple[_Uvicorn, asyncio.Task[None]]] = []
         self._grpc: Any = None
         self._grpc_calls = CallCount()
@@ -84,7 +89,13 @@ class Server:
         )
         h = self.settings.http
         return HttpApp(
-            self.dataplane, h.max_request_bytes, self.auth, self.executor.offload, metrics, h.max_json_bytes
+            self.dataplane,
+            h.max_request_bytes,
+            self.auth,
+            self.executor.offload,
+            metrics,
+            h.max_json_bytes,
+            self.edge_files,
         )
 
     def _uvicorn(self, app: Any, limits: ConnectionLimits, graceful_s: float) -> _Uvicorn:

@@ -31,6 +31,7 @@ from milliserve.road import Offload
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
 from milliserve.server.http.asgi import JSON_HEADER, Receive, Scope, Send
+from milliserve.server.http.edge_files import EdgeFiles
 from milliserve.server.http.generate import GenerateRoutes
 from milliserve.status import status_of
 
@@ -61,6 +62,7 @@ class HttpApp:
         offload: Offload | None = None,
         metrics: Callable[[], bytes] | None = None,
         max_json_bytes: int = 16 << 20,
+        edge: EdgeFiles | None = None,
     ) -> None:
         self.dp = dataplane
         self.max_request_bytes = max_request_bytes
@@ -69,6 +71,7 @@ class HttpApp:
         self._offload = offload
         self._metrics = metrics  # /metrics here too, so tools need not know the metrics port
         self.generate = GenerateRoutes(dataplane, self._read_body)
+        self.edge = edge
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -90,6 +93,11 @@ class HttpApp:
             await self.generate(scope, receive, send, parts)
             return
         try:
+            if parts[0] == "edge":
+                if self.edge is None:
+                    raise NotFoundError("edge bundles are off: start the server with --edge DIR")
+                await self.edge(scope, send, parts)
+                return
             status, body, headers = await self._route(scope, receive)
         except MilliserveError as exc:
             status = status_of(exc).http

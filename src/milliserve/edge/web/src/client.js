@@ -1,0 +1,365 @@
+// milliserve's browser client: the model runs in the page with onnxruntime-web (WASM) when it
+// is loaded and fast enough on this device; otherwise the server's Open Inference Protocol
+// endpoint answers. Every answer says where it came from and how long it took.
+//
+//   const client = await EdgeClient.create({ base: "/edge/sentiment/" });
+//   const answer = await client.infer("what a lovely day");
+//   // { label, score, outputs, source: "edge" | "server", ms, reason }
+//
+// The bundle's manifest.json (written by `milliserve edge build`) says which model file to
+// load, how text becomes token ids, which outputs turn into a label, and which server model
+// answers when the page cannot.
+
+import * as ort from "onnxruntime-web/wasm";
+import { Tokenizer } from "@huggingface/tokenizers";
+
+export { ort };
+
+const STATES = ["loading", "ready", "off"];
+
+function now() {
+  return performance.now();
+}
+
+function utf8Length(text) {
+  return new TextEncoder().encode(text).length;
+}
+
+function quantile(sorted, q) {
+  if (!sorted.length) return NaN;
+  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1));
+  return sorted[i];
+}
+
+// The server's tokenizer (Rust `tokenizers`) truncates the whole sequence, special tokens
+// included, to max_length, keeping the template's special tokens at both ends. tokenizers.js
+// has no truncation, so the template's prefix and suffix are found once and kept around the
+// truncated core.
+class TextEncoderStep {
+  constructor(json, spec) {
+    this.tokenizer = new Tokenizer(json, {});
+    this.spec = spec;
+    const probe = this.tokenizer.encode("a", { add_special_tokens: true }).ids;
+    const core = this.tokenizer.encode("a", { add_special_tokens: false }).ids;
+    const at = probe.findIndex((_, i) => core.every((id, j) => probe[i + j] === id));
+    this.prefix = at >= 0 ? probe.slice(0, at) : [];
+    this.suffix = at >= 0 ? probe.slice(at + core.length) : [];
+  }
+
+  // token ids for one text, or a reason why the edge model should not take it
+  encode(text) {
+    const spec = this.spec;
+    const bytes = utf8Length(text);
+    if (bytes > spec.text_limit) {
+      return { over: `${bytes} bytes of text, the edge model takes at most ${spec.text_limit}` };
+    }
+    if (!spec.allow_empty && !text.trim()) {
+      return { over: "empty text (the server answers with its own error)" };
+    }
+    const core = this.tokenizer.encode(text, { add_special_tokens: false }).ids;
+    const room = spec.max_length - this.prefix.length - this.suffix.length;
+    const tokens = core.length + this.prefix.length + this.suffix.length;
+    if (spec.edge_max_tokens && tokens > spec.edge_max_tokens) {
+      return { over: `${tokens} tokens, the edge model takes at most ${spec.edge_max_tokens}` };
+    }
+    const ids = [...this.prefix, ...core.slice(0, Math.max(0, room)), ...this.suffix];
+    return { ids, tokens };
+  }
+}
+
+function tensorFor(input, values, rows) {
+  const shape = [rows, ...input.dims.map((d) => (d < 0 ? values.length / rows : d))];
+  switch (input.datatype) {
+    case "INT64":
+      return new ort.Tensor("int64", BigInt64Array.from(values, (v) => BigInt(v)), shape);
+    case "INT32":
+      return new ort.Tensor("int32", Int32Array.from(values), shape);
+    case "FP32":
+      return new ort.Tensor("float32", Float32Array.from(values), shape);
+    case "FP64":
+      return new ort.Tensor("float64", Float64Array.from(values), shape);
+    default:
+      throw new Error(`input ${input.name}: datatype ${input.datatype} is not supported in the page`);
+  }
+}
+
+function plainArray(data) {
+  if (data instanceof BigInt64Array || data instanceof BigUint64Array) return Array.from(data, Number);
+  return Array.from(data);
+}
+
+// The rules step of a pipeline, as the server runs it: argmax over labelled columns, or the
+// first threshold a score column reaches.
+function applyRules(rules, outputs) {
+  const x = outputs[rules.input];
+  if (!x) throw new Error(`rules: the model gave no output ${rules.input}`);
+  let label, score;
+  if (rules.labels && rules.labels.length) {
+    let best = 0;
+    for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
+    label = rules.labels[best];
+    score = x[best];
+  } else {
+    score = x[rules.column || 0];
+    const hit = rules.thresholds.find((t) => score >= Math.fround(t.at_least));
+    label = hit ? hit.label : rules.default;
+  }
+  outputs[rules.output] = [label];
+  if (rules.score_output) outputs[rules.score_output] = [score];
+  return { label, score };
+}
+
+export class EdgeClient {
+  // options: base (the bundle's URL, default: the page's folder), server (the server's origin,
+  // default: the page's), budgetMs (edge only when warm-up p90 is within it; default: the
+  // manifest's), threads (WASM threads; 0: ORT's choice), warmupRuns, headers (for the
+  // server call, e.g. Authorization), serverTimeoutMs, edge (false: always the server)
+  static async create(options = {}) {
+    const client = new EdgeClient(options);
+    await client._loadManifest();
+    client._startEdge();
+    return client;
+  }
+
+  constructor(options = {}) {
+    this.base = new URL(options.base || ".", globalThis.location ? location.href : undefined);
+    if (!this.base.pathname.endsWith("/")) this.base.pathname += "/";
+    this.server = options.server || (globalThis.location ? location.origin : "");
+    this.options = options;
+    this.state = "loading";
+    this.reason = "model still loading";
+    this.timings = {};
+    this.listeners = [];
+    this.recent = []; // the last edge latencies, ms
+    this.errors = 0;
+  }
+
+  onStateChange(fn) {
+    this.listeners.push(fn);
+  }
+
+  _setState(state, reason) {
+    if (!STATES.includes(state)) throw new Error(state);
+    this.state = state;
+    this.reason = reason;
+    for (const fn of this.listeners) fn(state, reason);
+  }
+
+  async _loadManifest() {
+    const t0 = now();
+    const res = await fetch(new URL("manifest.json", this.base));
+    if (!res.ok) throw new Error(`manifest.json: HTTP ${res.status}`);
+    this.manifest = await res.json();
+    this.budgetMs = Number(this.options.budgetMs ?? this.manifest.edge.budget_ms);
+    this.timings.manifest_ms = now() - t0;
+  }
+
+  _startEdge() {
+    this.ready = this._loadEdge().catch((err) => {
+      this._setState("off", `edge unavailable: ${err.message || err}`);
+      return this.state;
+    });
+  }
+
+  async _loadEdge() {
+    const m = this.manifest;
+    if (this.options.edge === false) {
+      this._setState("off", "edge turned off by the app");
+      return this.state;
+    }
+    const start = now();
+    ort.env.wasm.wasmPaths = new URL(m.edge.wasm_path, this.base).href;
+    ort.env.wasm.proxy = false; // the proxy worker would load this bundle and find no backend
+    const threads = Number(this.options.threads ?? m.edge.threads ?? 0);
+    if (threads > 0) ort.env.wasm.numThreads = threads;
+    else if (!globalThis.crossOriginIsolated) ort.env.wasm.numThreads = 1;
+    const [model, tokenizerJson] = await Promise.all([
+      this._download(new URL(m.model.file, this.base), m.model.bytes),
+      m.tokenizer ? fetch(new URL(m.tokenizer.file, this.base)).then((r) => {
+        if (!r.ok) throw new Error(`${m.tokenizer.file}: HTTP ${r.status}`);
+        return r.json();
+      }) : null,
+    ]);
+    this.timings.download_ms = now() - start;
+    if (tokenizerJson) this.encoder = new TextEncoderStep(tokenizerJson, m.tokenizer);
+    const t1 = now();
+    this.session = await ort.InferenceSession.create(model, {
+      executionProviders: ["wasm"],
+      graphOptimizationLevel: "all",
+    });
+    this.timings.session_ms = now() - t1;
+    this.threads = ort.env.wasm.numThreads;
+    const t2 = now();
+    const runs = Number(this.options.warmupRuns ?? m.edge.warmup_runs ?? 8);
+    const sample = m.edge.warmup_input;
+    const times = [];
+    for (let i = 0; i < runs; i++) {
+      const t = now();
+      await this._runEdge(sample);
+      times.push(now() - t);
+    }
+    this.timings.warmup_ms = now() - t2;
+    this.timings.ready_ms = now() - start;
+    this.warmupTimes = times;
+    // the first runs pay one-off costs (allocations, kernel selection): judged on the rest
+    const steady = times.slice(Math.min(2, times.length - 1)).sort((a, b) => a - b);
+    this.warmP90 = quantile(steady, 0.9);
+    if (!(this.warmP90 <= this.budgetMs)) {
+      this._setState(
+        "off",
+        `too slow on this device: warm-up p90 ${this.warmP90.toFixed(2)} ms > budget ${this.budgetMs} ms`,
+      );
+    } else {
+      this._setState("ready", `warm-up p90 ${this.warmP90.toFixed(2)} ms within ${this.budgetMs} ms`);
+    }
+    return this.state;
+  }
+
+  async _download(url, expected) {
+    const res = await fetch(url);
+    if (!res.ok) throw new Error(`${url.pathname}: HTTP ${res.status}`);
+    const buf = new Uint8Array(await res.arrayBuffer());
+    if (expected && buf.length !== expected) {
+      throw new Error(`${url.pathname}: ${buf.length} bytes, the manifest says ${expected}`);
+    }
+    return buf;
+  }
+
+  // feeds for one request, or { over } when the edge model should not take it
+  _feeds(input) {
+    const m = this.manifest;
+    const feeds = {};
+    if (m.tokenizer) {
+      if (typeof input !== "string") return { over: "this model takes text" };
+      const enc = this.encoder.encode(input);
+      if (enc.over) return enc;
+      const ids = m.inputs.find((i) => i.name === m.tokenizer.ids);
+      feeds[ids.name] = tensorFor(ids, enc.ids, 1);
+      if (m.tokenizer.mask) {
+        const mask = m.inputs.find((i) => i.name === m.tokenizer.mask);
+        feeds[mask.name] = tensorFor(mask, enc.ids.map(() => 1), 1);
+      }
+      if (m.tokenizer.type_ids) {
+        const types = m.inputs.find((i) => i.name === m.tokenizer.type_ids);
+        feeds[types.name] = tensorFor(types, enc.ids.map(() => 0), 1);
+      }
+      return { feeds, tokens: enc.tokens };
+    }
+    const named = m.inputs.length === 1 && (Array.isArray(input) || ArrayBuffer.isView(input))
+      ? { [m.inputs[0].name]: input }
+      : input;
+    for (const spec of m.inputs) {
+      const values = named[spec.name];
+      if (!values) return { over: `no input ${spec.name}` };
+      const fixed = spec.dims.reduce((a, d) => (d < 0 ? a : a * d), 1);
+      if (values.length % fixed !== 0 || (spec.dims.every((d) => d >= 0) && values.length !== fixed)) {
+        return { over: `input ${spec.name} has ${values.length} values, the model takes [${spec.dims}]` };
+      }
+      feeds[spec.name] = tensorFor(spec, values, 1);
+    }
+    return { feeds };
+  }
+
+  async _runEdge(input) {
+    const prepared = this._feeds(input);
+    if (prepared.over) throw new Error(prepared.over);
+    const results = await this.session.run(prepared.feeds);
+    const outputs = {};
+    for (const name of this.manifest.outputs) outputs[name] = plainArray(results[name].data);
+    return outputs;
+  }
+
+  async _callServer(input) {
+    const m = this.manifest;
+    const s = m.server;
+    let inputs;
+    if (m.tokenizer) {
+      inputs = [{ name: s.text_input, datatype: "BYTES", shape: s.text_shape, data: [input] }];
+    } else {
+      const named = m.inputs.length === 1 && (Array.isArray(input) || ArrayBuffer.isView(input))
+        ? { [m.inputs[0].name]: input }
+        : input;
+      inputs = m.inputs.map((spec) => {
+        const values = Array.from(named[spec.name] ?? []);
+        const fixed = spec.dims.reduce((a, d) => (d < 0 ? a : a * d), 1);
+        const dims = spec.dims.map((d) => (d < 0 ? values.length / fixed : d));
+        return { name: spec.name, datatype: spec.datatype, shape: s.batched ? [1, ...dims] : dims, data: values };
+      });
+    }
+    const controller = new AbortController();
+    const timer = setTimeout(() => controller.abort(), Number(this.options.serverTimeoutMs ?? 10000));
+    try {
+      const res = await fetch(new URL(s.infer_path, this.server), {
+        method: "POST",
+        headers: { "content-type": "application/json", ...(this.options.headers || {}) },
+        body: JSON.stringify({ inputs }),
+        signal: controller.signal,
+      });
+      const body = await res.json().catch(() => ({}));
+      if (!res.ok) {
+        const err = new Error(`server: HTTP ${res.status}: ${body.error || res.statusText}`);
+        err.status = res.status;
+        throw err;
+      }
+      const outputs = {};
+      for (const out of body.outputs || []) outputs[out.name] = out.data;
+      return { outputs, serverTiming: res.headers.get("server-timing") };
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  // One answer: { label, score, outputs, source: "edge" | "server", ms, reason }.
+  // options.prefer: "edge" (default policy) or "server" (skip the page's model)
+  async infer(input, options = {}) {
+    const t0 = now();
+    let reason = this.state === "ready" ? null : this.reason;
+    if (options.prefer === "server") reason = "the caller asked for the server";
+    if (!reason) {
+      const prepared = this._feeds(input);
+      if (prepared.over) {
+        reason = `input over the edge model's limits: ${prepared.over}`;
+      } else {
+        try {
+          const results = await this.session.run(prepared.feeds);
+          const outputs = {};
+          for (const name of this.manifest.outputs) outputs[name] = plainArray(results[name].data);
+          const answer = this._finish(outputs, "edge", t0, null);
+          answer.tokens = prepared.tokens;
+          this._observe(answer.ms);
+          this.errors = 0;
+          return answer;
+        } catch (err) {
+          reason = `edge error: ${err.message || err}`;
+          if (++this.errors >= 3) this._setState("off", `edge failed 3 times in a row (${err.message || err})`);
+        }
+      }
+    }
+    const { outputs, serverTiming } = await this._callServer(input);
+    const answer = this._finish(outputs, "server", t0, reason);
+    answer.serverTiming = serverTiming;
+    return answer;
+  }
+
+  _finish(outputs, source, t0, reason) {
+    const m = this.manifest;
+    let label, score;
+    if (source === "edge" && m.rules) ({ label, score } = applyRules(m.rules, outputs));
+    else if (m.rules) {
+      label = outputs[m.rules.output]?.[0];
+      score = m.rules.score_output ? outputs[m.rules.score_output]?.[0] : undefined;
+    }
+    return { label, score, outputs, source, ms: now() - t0, reason };
+  }
+
+  // a device that slows down (thermal throttling, a busy tab) hands its work to the server
+  _observe(ms) {
+    this.recent.push(ms);
+    if (this.recent.length > 32) this.recent.shift();
+    if (this.recent.length < 8) return;
+    const p50 = quantile([...this.recent].sort((a, b) => a - b), 0.5);
+    if (p50 > this.budgetMs) {
+      this._setState("off", `too slow on this device: recent p50 ${p50.toFixed(2)} ms > budget ${this.budgetMs} ms`);
+    }
+  }
+}

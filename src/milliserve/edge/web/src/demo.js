@@ -1,0 +1,79 @@
+// The demo page: a text box, the answer, where it came from, and a live latency chart.
+// Query parameters: budget_ms, threads, edge=0 (always the server).
+import { EdgeClient } from "./milliserve-edge.js";
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const answers = [];
+
+function setStatus(state, reason) {
+  document.body.dataset.state = state;
+  $("state").textContent = state;
+  $("reason").textContent = reason || "";
+}
+
+function show(answer) {
+  answers.push(answer);
+  $("label").textContent = answer.label ?? JSON.stringify(answer.outputs);
+  $("score").textContent = typeof answer.score === "number" ? answer.score.toFixed(4) : "";
+  $("source").textContent = answer.source;
+  $("source").className = answer.source;
+  $("ms").textContent = `${answer.ms.toFixed(2)} ms`;
+  $("why").textContent = answer.reason || "";
+  draw();
+}
+
+// the last 60 answers as bars, edge and server in two colours, on a log scale
+function draw() {
+  const canvas = $("chart");
+  const ctx = canvas.getContext("2d");
+  const w = canvas.width, h = canvas.height;
+  ctx.clearRect(0, 0, w, h);
+  const shown = answers.slice(-60);
+  const top = Math.log10(Math.max(10, ...shown.map((a) => a.ms)) * 1.2);
+  const bottom = Math.log10(0.1);
+  const y = (ms) => h - ((Math.log10(Math.max(ms, 0.1)) - bottom) / (top - bottom)) * (h - 14);
+  ctx.font = "10px sans-serif";
+  ctx.fillStyle = "#888";
+  for (const mark of [0.1, 1, 10, 100, 1000]) {
+    if (Math.log10(mark) > top) break;
+    ctx.fillRect(0, y(mark), w, 1);
+    ctx.fillText(`${mark} ms`, 2, y(mark) - 2);
+  }
+  const bw = w / 60;
+  shown.forEach((a, i) => {
+    ctx.fillStyle = a.source === "edge" ? "#2a9d8f" : "#e76f51";
+    ctx.fillRect(i * bw + 1, y(a.ms), bw - 2, h - y(a.ms));
+  });
+}
+
+async function main() {
+  setStatus("loading", "loading the manifest");
+  const options = {};
+  if (params.has("budget_ms")) options.budgetMs = Number(params.get("budget_ms"));
+  if (params.has("threads")) options.threads = Number(params.get("threads"));
+  if (params.get("edge") === "0") options.edge = false;
+  const client = await EdgeClient.create(options);
+  window.milliserve = { client, answers, show };
+  client.onStateChange(setStatus);
+  setStatus(client.state, client.reason);
+  $("model").textContent = `${client.manifest.name} (${client.manifest.model.precision}, ${(client.manifest.model.bytes / 2 ** 20).toFixed(1)} MiB)`;
+  if (client.manifest.edge.warmup_input && typeof client.manifest.edge.warmup_input === "string") {
+    $("text").value = client.manifest.edge.example_text || client.manifest.edge.warmup_input;
+  }
+  $("form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    try {
+      const text = $("text").value;
+      show(await client.infer(client.manifest.tokenizer ? text : JSON.parse(text)));
+    } catch (err) {
+      $("why").textContent = `error: ${err.message || err}`;
+    }
+  });
+  await client.ready;
+  $("timings").textContent = Object.entries(client.timings)
+    .map(([k, v]) => `${k} ${v.toFixed(0)}`)
+    .join(" · ");
+}
+
+main().catch((err) => setStatus("error", err.message || String(err)));
