@@ -27,8 +27,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = serve_settings(args)
     configure_logging(settings.log_level)
-    serve(settings)
-    return 0
+    return serve(settings)
 
 
 def _examples_build(args: argparse.Namespace) -> int:
@@ -270,6 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="true|false",
         help="ready only while every model that should serve does (default true, as Triton)",
+    )
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N processes sharing the ports, each with its own models (default 1; docs/deploy.md)",
     )
     s.add_argument(
         "--edge",

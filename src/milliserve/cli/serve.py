@@ -35,6 +35,7 @@ _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "auth_token": ("auth", "token"),
     "strict_readiness": ("strict_readiness",),
     "edge": ("edge", "dir"),
+    "workers": ("workers",),
 }
 
 

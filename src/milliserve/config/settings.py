@@ -173,6 +173,9 @@ class Settings(BaseSettings):
     # (Linux); "off": leave thread placement to the OS.
     cpu_affinity: Literal["auto", "off"] = "auto"
     edge: EdgeSettings = EdgeSettings()
+    # processes sharing the ports (`serve --workers N`), each with its own copy of the models;
+    # a parent starts, watches, restarts and drains them
+    workers: int = Field(1, ge=1, le=64)
 
 
 def cache_dir() -> Path:

@@ -14,14 +14,16 @@ __all__ = ["configure_logging"]
 _listener: logging.handlers.QueueListener | None = None
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """Send milliserve's (and uvicorn's) logs to stderr through a background queue."""
+def configure_logging(level: str = "INFO", prefix: str = "") -> None:
+    """Send milliserve's (and uvicorn's) logs to stderr through a background queue.
+    ``prefix`` starts every line (``worker 1``, for the workers of ``serve --workers``)."""
     global _listener
     if _listener is not None:
         _listener.stop()
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     stream = logging.StreamHandler()
-    stream.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    lead = f"{prefix} " if prefix else ""
+    stream.setFormatter(logging.Formatter(f"%(asctime)s {lead}%(levelname)s %(name)s: %(message)s"))
     _listener = logging.handlers.QueueListener(records, stream, respect_handler_level=False)
     _listener.start()
     atexit.register(_listener.stop)

@@ -7,12 +7,13 @@ about HTTP or gRPC.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from milliserve._version import __version__
 from milliserve.config.model_config import ModelConfig
 from milliserve.errors import InvalidInputError, ModelControlDisabledError, RequestError
+from milliserve.observability.merge import merge_statistics
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.runtime.servable import ServableRegistry
 
@@ -39,6 +40,8 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         self.started = False
         self.stopping = False
+        # the other workers' statistics (``serve --workers N``): None for a lone server
+        self.siblings: Callable[[str, str], Awaitable[list[list[dict[str, Any]]]]] | None = None
 
     # ---- health & metadata ----
     def live(self) -> bool:
@@ -76,6 +79,13 @@ class DataPlane:
             self.registry.get(name)  # the not-found / not-ready error, if any
             runtimes = [self.registry.get(name, v) for v in self.registry.versions(name)]
         return [rt.stats.as_dict() for rt in runtimes]
+
+    async def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        """The server's statistics: this process's, summed with its sibling workers'."""
+        local = self.model_statistics(name, version)
+        if self.siblings is None:
+            return local
+        return merge_statistics([local, *await self.siblings(name, version)])
 
     # ---- inference ----
     async def infer(self, request: InferRequest) -> InferResponse:

@@ -98,11 +98,12 @@ class InstanceWorker:
 class Executor:
     """Creates instance workers and runs model loading off the event loop."""
 
-    def __init__(self, max_load_threads: int = 2, cpu_affinity: bool = True) -> None:
+    def __init__(self, max_load_threads: int = 2, cpu_affinity: bool = True, worker_index: int = 0) -> None:
         allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
         # Affinity is worth managing only when there is a choice of CPUs.
         self._all_cpus: set[int] | None = allowed if cpu_affinity and len(allowed) > 1 else None
-        self.loop_cpu: int | None = min(allowed) if self._all_cpus else None
+        # the workers of `serve --workers N` put their loops on different CPUs
+        self.loop_cpu: int | None = sorted(allowed)[worker_index % len(allowed)] if self._all_cpus else None
         self._load = ThreadPoolExecutor(
             max_load_threads,
             thread_name_prefix="ms-load",

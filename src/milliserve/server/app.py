@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from collections.abc import Iterator
@@ -33,8 +34,9 @@ from milliserve.server.grpc.servicer import CallCount, build_grpc_server
 from milliserve.server.http.app import HttpApp
 from milliserve.server.http.connection import ConnectionLimits, protocol_class
 from milliserve.server.http.edge_files import EdgeFiles
-from milliserve.server.listeners import HTTP, METRICS, bind_grpc, bind_tcp
+from milliserve.server.listeners import HTTP, METRICS, WorkerSlot, bind_grpc, bind_tcp, inherited
 from milliserve.server.metrics_app import MetricsApp
+from milliserve.server.peers import Peers
 
 __all__ = ["Server", "serve"]
 
@@ -55,12 +57,19 @@ class _Uvicorn(uvicorn.Server):
 class Server:
     """A running milliserve: ``await start()``, then ``await stop()``."""
 
-    def __init__(self, settings: Settings, prometheus_registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        prometheus_registry: CollectorRegistry | None = None,
+        worker: WorkerSlot | None = None,
+    ) -> None:
         if settings.model_repository is None:
             raise ConfigError("no model repository given (milliserve serve MODEL_REPOSITORY)")
         self.settings = settings
         self.prometheus_registry = prometheus_registry or CollectorRegistry()
-        self.executor = Executor(cpu_affinity=settings.cpu_affinity == "auto")
+        self.executor = Executor(
+            cpu_affinity=settings.cpu_affinity == "auto", worker_index=worker.index if worker else 0
+        )
         redis = settings.redis
         self.caches = CacheFactory(redis.url, redis.timeout_ms / 1000, redis.backoff_s)
         self.registry = ModelRegistry(
@@ -74,6 +83,10 @@ class Server:
         )
         a = settings.auth
         self.auth = Auth(a.token.get_secret_value() if a.token else None, a.protect_health, a.protect_metrics)
+        self.worker = worker
+        self.peers = Peers(worker.index, list(worker.peer_ports)) if worker is not None else None
+        if self.peers is not None:
+            self.dataplane.siblings = self.peers.statistics
         e = settings.edge
         self.edge_files = (
             EdgeFiles(e.dir, e.immutable_max_age_s, self.executor.offload) if e.dir is not None else None
@@ -82,13 +95,22 @@ class Server:
         self._grpc: Any = None
         self._grpc_calls = CallCount()
 
-    def http_app(self) -> HttpApp:
-        """The ASGI application of this server (to mount elsewhere, or test in-process)."""
+    async def local_metrics(self) -> bytes:
+        return generate_latest(self.prometheus_registry)
+
+    async def metrics_text(self) -> bytes:
+        """This server's metrics; with ``--workers``, every worker's under a ``worker`` label."""
+        local = generate_latest(self.prometheus_registry)
+        return local if self.peers is None else await self.peers.metrics(local)
+
+    def http_app(self, local: bool = False) -> HttpApp:
+        """The ASGI application of this server (to mount elsewhere, or test in-process).
+        ``local``: a worker's private listener, answering for this process only."""
         metrics = (
-            (lambda: generate_latest(self.prometheus_registry)) if self.settings.metrics.enabled else None
+            (self.local_metrics if local else self.metrics_text) if self.settings.metrics.enabled else None
         )
         h = self.settings.http
-        return HttpApp(
+        app = HttpApp(
             self.dataplane,
             h.max_request_bytes,
             self.auth,
@@ -97,6 +119,8 @@ class Server:
             h.max_json_bytes,
             self.edge_files,
         )
+        app.local_only = local
+        return app
 
     def _uvicorn(self, app: Any, limits: ConnectionLimits, graceful_s: float) -> _Uvicorn:
         # the socket is bound by bind_tcp (host and port are not uvicorn's); the protocol
@@ -127,20 +151,25 @@ class Server:
     def _bind(self) -> tuple[socket.socket | None, socket.socket | None, int | None]:
         """Bind every port before anything starts: the HTTP and metrics sockets, and the
         gRPC server's port. A port that cannot be had is a ConfigError naming it."""
-        s = self.settings
+        s, w = self.settings, self.worker
         socks: list[socket.socket] = []
         try:
-            http = bind_tcp(s.host, s.http.port, HTTP) if s.http.enabled else None
-            socks += [http] if http else []
-            metrics = bind_tcp(s.host, s.metrics.port, METRICS) if s.metrics.enabled else None
-            socks += [metrics] if metrics else []
+            if w is not None:  # bound by the parent of --workers N
+                http = inherited(w.http_fd) if w.http_fd is not None else None
+                metrics = inherited(w.metrics_fd) if w.metrics_fd is not None else None
+            else:
+                http = bind_tcp(s.host, s.http.port, HTTP) if s.http.enabled else None
+                socks += [http] if http else []
+                metrics = bind_tcp(s.host, s.metrics.port, METRICS) if s.metrics.enabled else None
+                socks += [metrics] if metrics else []
             grpc_port = None
             if s.grpc.enabled:
-                options = server_options(s.grpc)
+                options = server_options(s.grpc, shared=w is not None)
                 self._grpc = build_grpc_server(
                     self.dataplane, s.grpc.max_message_bytes, self.auth, options, self._grpc_calls
                 )
-                grpc_port = bind_grpc(self._grpc, s.host, s.grpc.port)
+                port = w.grpc_port if w is not None and w.grpc_port is not None else s.grpc.port
+                grpc_port = bind_grpc(self._grpc, s.host, port, shared=w is not None)
         except BaseException:
             self._grpc = None
             for sock in socks:
@@ -156,6 +185,14 @@ class Server:
         limits = ConnectionLimits(
             h.max_header_bytes, h.header_timeout_s, h.body_timeout_s, h.keep_alive_s, h.max_connections
         )
+        w = self.worker
+        if w is not None:  # the private port first: siblings ask it for metrics and statistics
+            peer_limits = replace(limits, max_connections=METRICS_MAX_CONNECTIONS)
+            await self._start_uvicorn(
+                self._uvicorn(self.http_app(local=True), peer_limits, 1), inherited(w.peer_fd), "peer"
+            )
+            if not w.accept_early:  # join the shared ports only once warm
+                await self._load()
         if http_sock is not None:
             await self._start_uvicorn(
                 self._uvicorn(self.http_app(), limits, s.shutdown_grace_s), http_sock, "http"
@@ -163,7 +200,7 @@ class Server:
         if self._grpc is not None:
             await self._grpc.start()
         if metrics_sock is not None:
-            metrics_app = MetricsApp(self.prometheus_registry)
+            metrics_app = MetricsApp(self.metrics_text)
             metrics_limits = replace(limits, max_connections=min(h.max_connections, METRICS_MAX_CONNECTIONS))
             await self._start_uvicorn(self._uvicorn(metrics_app, metrics_limits, 1), metrics_sock, "metrics")
         log.info(
@@ -173,6 +210,14 @@ class Server:
             grpc_port or "off",
             metrics_sock.getsockname()[1] if metrics_sock else "off",
         )
+        if w is None or w.accept_early:
+            await self._load()
+        if w is not None and w.ready_fd is not None:
+            os.write(w.ready_fd, b"R")  # tell the parent this worker serves
+            os.close(w.ready_fd)
+
+    async def _load(self) -> None:
+        s = self.settings
         # after the listeners: gRPC's own threads keep every CPU, only the loop thread is placed
         self.executor.pin_event_loop()
         if s.model_control_mode == "none":
@@ -230,8 +275,13 @@ class Server:
         await self.stop()
 
 
-def serve(settings: Settings) -> None:
-    """Run a server in this process until SIGTERM/SIGINT (blocking)."""
+def serve(settings: Settings) -> int:
+    """Run a server until SIGTERM/SIGINT (blocking): in this process, or in
+    ``settings.workers`` worker processes under this one. Returns the exit code."""
+    if settings.workers > 1:
+        from milliserve.server.workers import serve_workers
+
+        return serve_workers(settings)
     try:
         import uvloop
 
@@ -239,3 +289,4 @@ def serve(settings: Settings) -> None:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
         runner = asyncio.run
     runner(Server(settings).run_until_signal())
+    return 0

@@ -3,7 +3,9 @@ error that names it, before any model loads (issue 10).
 
 Sockets get SO_REUSEADDR (a restart may bind while its predecessor's connections sit
 in TIME_WAIT) and never SO_REUSEPORT: a second server on the same port must fail, not
-share the port and take half its calls.
+share the port and take half its calls. The workers of ``serve --workers N`` share ports
+on purpose: their parent binds the HTTP and metrics sockets once and hands them down, and
+holds the gRPC port, which the workers' gRPC servers share with SO_REUSEPORT.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from milliserve.errors import ConfigError
 
-__all__ = ["GRPC", "HTTP", "METRICS", "Listener", "bind_grpc", "bind_tcp"]
+__all__ = ["GRPC", "HTTP", "METRICS", "Listener", "WorkerSlot", "bind_grpc", "bind_tcp", "inherited"]
 
 # pending connections the kernel queues before accept (uvicorn's default)
 BACKLOG = 2048
@@ -32,6 +34,31 @@ class Listener:
 HTTP = Listener("HTTP", "--http-port")
 GRPC = Listener("gRPC", "--grpc-port")
 METRICS = Listener("metrics", "--metrics-port")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSlot:
+    """One worker of ``serve --workers N``: the listening sockets its parent bound (file
+    descriptors it inherited), the gRPC port it shares through SO_REUSEPORT, its private
+    port (and its siblings'), and whether to accept before its models are ready (the first
+    worker of a fresh start does, so health answers while it loads; the others, and any
+    restarted worker, join only once warm)."""
+
+    index: int
+    http_fd: int | None
+    metrics_fd: int | None
+    peer_fd: int
+    grpc_port: int | None
+    peer_ports: tuple[int, ...]
+    accept_early: bool
+    ready_fd: int | None
+
+
+def inherited(fd: int) -> socket.socket:
+    """A listening socket from a file descriptor this process inherited."""
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(False)
+    return sock
 
 
 def _bind_error(listener: Listener, host: str, port: int, exc: OSError) -> ConfigError:
@@ -61,13 +88,13 @@ def bind_tcp(host: str, port: int, listener: Listener) -> socket.socket:
     return sock
 
 
-def bind_grpc(server: Any, host: str, port: int) -> int:
+def bind_grpc(server: Any, host: str, port: int, shared: bool = False) -> int:
     """Add the insecure port to a grpc.aio server (built with ``grpc.so_reuseport`` 0) and
     return the port bound. Raises ConfigError naming the port when it cannot be had.
 
     grpc core does not say why a bind failed (and logs its own lines), so the port is
     tried here first with a plain socket."""
-    if port != 0:
+    if port != 0 and not shared:  # a shared port is held (SO_REUSEPORT) by the workers' parent
         bind_tcp(host, port, GRPC).close()
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

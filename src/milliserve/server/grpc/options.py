@@ -15,12 +15,13 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-def server_options(settings: GrpcSettings) -> list[tuple[str, int]]:
+def server_options(settings: GrpcSettings, shared: bool = False) -> list[tuple[str, int]]:
     """The connection limits for ``grpc.aio.server(options=...)``; ``build_grpc_server``
-    adds the message sizes."""
+    adds the message sizes. ``shared``: a worker of ``serve --workers N``."""
     return [
-        # never share the port: grpc's default lets a second server bind it silently
-        ("grpc.so_reuseport", 0),
+        # never share the port (grpc's default lets a second server bind it silently), except
+        # between the workers of one server, which share it on purpose
+        ("grpc.so_reuseport", 1 if shared else 0),
         # metadata over the soft limit is refused at random, over the hard limit always:
         # both at the same size, so the limit is one number
         ("grpc.max_metadata_size", settings.max_metadata_bytes),

@@ -110,7 +110,7 @@ class Servicer:
         return pb.ModelConfigResponse(config=config_to_proto(self.dp.model_config(req.name, req.version)))
 
     async def ModelStatistics(self, req: Any, ctx: Any) -> Any:
-        stats = self.dp.model_statistics(req.name, req.version)
+        stats = await self.dp.statistics(req.name, req.version)
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
 
     async def RepositoryIndex(self, req: Any, ctx: Any) -> Any:

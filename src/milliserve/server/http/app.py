@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from milliserve.config.model_config import config_to_dict
 from milliserve.errors import (
@@ -60,7 +60,7 @@ class HttpApp:
         max_request_bytes: int,
         auth: Auth | None = None,
         offload: Offload | None = None,
-        metrics: Callable[[], bytes] | None = None,
+        metrics: Callable[[], Awaitable[bytes]] | None = None,
         max_json_bytes: int = 16 << 20,
         edge: EdgeFiles | None = None,
     ) -> None:
@@ -72,6 +72,7 @@ class HttpApp:
         self._metrics = metrics  # /metrics here too, so tools need not know the metrics port
         self.generate = GenerateRoutes(dataplane, self._read_body)
         self.edge = edge
+        self.local_only = False  # a worker's private listener: no fan-out to siblings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -165,13 +166,15 @@ class HttpApp:
         parts = scope["path"].strip("/").split("/")
         if parts == ["metrics"] and method == "GET" and self._metrics is not None:
             self.auth.check(scope["headers"], "metrics")
-            return 200, self._metrics(), [_TEXT]
+            return 200, await self._metrics(), [_TEXT]
         if not parts or parts[0] != "v2":
             raise NotFoundError(f"no route for {scope['path']}; the API lives under /v2")
         rest = parts[1:]
         self.auth.check(scope["headers"], "health" if rest[:1] == ["health"] else "api")
         if method == "POST" and len(rest) >= 3 and rest[0] == "models" and rest[-1] == "infer":
             return await self._infer(scope, receive, rest)
+        if method == "GET" and rest[-1:] == ["stats"] and rest[:1] == ["models"]:
+            return await self._stats(rest)
         if method == "GET":
             return self._get(rest)
         if method == "POST" and rest[:1] == ["repository"]:
@@ -245,8 +248,6 @@ class HttpApp:
             if ok is None:
                 raise NotFoundError(f"no health endpoint {rest[1]!r}; use live or ready")
             return (200 if ok else 503), _EMPTY_OK, [_JSON]
-        if rest == ["models", "stats"]:
-            return 200, encode_json({"model_stats": dp.model_statistics()}), [_JSON]
         if rest[0] == "models" and len(rest) >= 2:
             name, version, tail = self._model_ref(rest)
             if not tail:
@@ -259,9 +260,20 @@ class HttpApp:
                 return 200, _EMPTY_OK, [_JSON]
             if tail == ["config"]:
                 return 200, encode_json(config_to_dict(dp.model_config(name, version))), [_JSON]
-            if tail == ["stats"]:
-                return 200, encode_json({"model_stats": dp.model_statistics(name, version)}), [_JSON]
         raise NotFoundError(f"no route for GET /v2/{'/'.join(rest)}")
+
+    async def _stats(self, rest: list[str]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        """Triton's statistics: of every model, one model, or one version (summed over the
+        workers of ``serve --workers N``)."""
+        stats_of = self.dp.model_statistics if self.local_only else None
+        if rest == ["models", "stats"]:
+            stats = stats_of() if stats_of else await self.dp.statistics()
+        else:
+            name, version, tail = self._model_ref(rest)
+            if tail != ["stats"]:
+                raise NotFoundError(f"no route for GET /v2/{'/'.join(rest)}")
+            stats = stats_of(name, version) if stats_of else await self.dp.statistics(name, version)
+        return 200, encode_json({"model_stats": stats}), [_JSON]
 
     async def _repository(
         self, scope: Scope, receive: Receive, rest: list[str]
