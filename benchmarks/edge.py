@@ -93,7 +93,8 @@ def sizes(bundle: Path) -> dict[str, int]:
 def open_page(context: Any, origin: str, bundle: str, query: str) -> Any:
     page, refused = offline_page(context, origin)
     page.goto(f"{origin}/edge/{bundle}/?{query}")
-    page.wait_for_function("window.milliserve && window.milliserve.client.state !== 'loading'", timeout=300_000)
+    settled = "window.milliserve && window.milliserve.client.state !== 'loading'"
+    page.wait_for_function(settled, timeout=300_000)
     state = page.evaluate("[window.milliserve.client.state, window.milliserve.client.reason]")
     assert state[0] == "ready", state
     assert not refused, refused
@@ -187,7 +188,8 @@ def main() -> None:
                 for threads in (1, 2):
                     c = cold_start(origin, bundle, threads)
                     cold.setdefault((bundle, threads), []).append(c)
-                    print(f"cold {rnd} {bundle} threads={threads}: first answer {c['first_answer_ms']:.0f} ms")
+                    first = c["first_answer_ms"]
+                    print(f"cold {rnd} {bundle} threads={threads}: first answer {first:.0f} ms")
         with chromium() as context:
             pages = {
                 (b, t): open_page(context, origin, b, f"{ROOMY}&threads={t}")
@@ -241,9 +243,11 @@ def report(
         lines.append(f"| {name} | {cells} | {sum(s.values()) / mib:.1f} |")
     lines += [
         "",
-        f"**First answer, cold** (a fresh profile each time, medians of {args.cold}; ms from navigation start):",
+        f"**First answer, cold** (a fresh profile each time, medians of {args.cold}; "
+        "ms from navigation start):",
         "",
-        "| bundle | WASM threads | manifest | model download | session creation | warm-up (8 runs) | first answer |",
+        "| bundle | WASM threads | manifest | model download | session creation | warm-up (8 runs) "
+        "| first answer |",
         "|---|---|---|---|---|---|---|",
     ]
     for (bundle, threads), runs in cold.items():
@@ -269,7 +273,8 @@ def report(
         lines.append(f"| {name} | {p50:.2f} | {p99:.2f} |")
     lines += [
         "",
-        f"**Parity** ({checks['INT8']['n']} held-out tweets, the page's model against the server's, batch 1):",
+        f"**Parity** ({checks['INT8']['n']} held-out tweets, the page's model against the server's, "
+        "batch 1):",
         "",
         "| model | labels agree | mean score diff | p99 | max | within 1e-2 | accuracy page / server |",
         "|---|---|---|---|---|---|---|",
