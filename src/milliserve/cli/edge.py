@@ -37,8 +37,8 @@ def _edge_build(args: argparse.Namespace) -> int:
         console.print(f"[yellow]note[/yellow] {note}")
     repo = args.model.parent
     console.print(
-        f"serve it: milliserve serve {repo} --edge {args.out}  "
-        f"then open http://127.0.0.1:8000/edge/{bundle.path.name}/"
+        f"serve it: milliserve serve {repo} --edge {args.out}\n"
+        f"then open http://127.0.0.1:8000/edge/{bundle.path.name}/ (8000: the server's --http-port)"
     )
     return 0
 

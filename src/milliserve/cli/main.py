@@ -14,6 +14,7 @@ from pathlib import Path
 from milliserve._version import __version__
 from milliserve.cli.bench import add_bench_parser
 from milliserve.cli.edge import add_edge_parser
+from milliserve.cli.ray_cmd import add_ray_parser
 from milliserve.cli.serve import UsageError, parse_bool, serve_settings
 
 __all__ = ["main"]
@@ -302,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_edge_parser(sub)
+    add_ray_parser(sub)
 
     o = sub.add_parser("optimize", help="build, measure and ship the fastest variant of a model")
     o.add_argument(

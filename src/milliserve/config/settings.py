@@ -23,6 +23,7 @@ __all__ = [
     "Settings",
     "cache_dir",
     "hf_offline_env",
+    "ray_env",
 ]
 
 MiB = 1024 * 1024
@@ -140,6 +141,13 @@ class EdgeSettings(BaseModel):
     # the model file and ORT's runtime have content-hashed or versioned names: cached for a year
     immutable_max_age_s: int = Field(365 * 24 * 3600, ge=0)
 
+    @field_validator("dir", mode="before")
+    @classmethod
+    def _named(cls, v: object) -> object:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("an empty path; give the folder of bundles (milliserve edge build --out)")
+        return v
+
 
 class Settings(BaseSettings):
     """Everything a server needs. Defaults are safe: loopback only, repository API off."""
@@ -182,6 +190,12 @@ def cache_dir() -> Path:
     """Where built artefacts are cached between runs: ``$MILLISERVE_CACHE`` (default
     ``~/.cache/milliserve``)."""
     return Path(os.environ.get("MILLISERVE_CACHE", Path.home() / ".cache" / "milliserve"))
+
+
+def ray_env() -> dict[str, str]:
+    """Environment for Ray processes: stay on 127.0.0.1 (without the first variable Ray
+    swaps loopback for the machine's own address) and send no usage statistics."""
+    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def hf_offline_env() -> dict[str, str]:

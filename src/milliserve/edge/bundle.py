@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from milliserve.config.model_config import ModelConfig, TensorConfig, load_model_config
-from milliserve.config.steps import PipelineStep, Rules, TokenizerConfig
 from milliserve.edge.assets import web_assets
+from milliserve.edge.plan import Plan, inputs_spec, plan_bundle, rules_spec, tokenizer_spec
 from milliserve.errors import ConfigError
 
 __all__ = ["EdgeBundle", "build_bundle", "model_precision"]
@@ -34,7 +35,6 @@ MANIFEST_FORMAT = 1
 WARMUP_TEXT = "Just watched the new episode and honestly it was better than I expected!"
 # a page downloading more than this is slow on most connections: said, not refused
 LARGE_MODEL_BYTES = 100 << 20
-_BROWSER_DATATYPES = ("FP32", "FP64", "INT64", "INT32")
 
 
 @dataclass(frozen=True)
@@ -78,66 +78,85 @@ def model_precision(path: Path) -> str:
     return "fp32"
 
 
-def _latest_version(model_dir: Path, version: int | None) -> Path:
-    versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
-    if not versions:
-        raise ConfigError(f"{model_dir}: no version folder (1/, 2/, ...)")
-    if version is not None and version not in versions:
-        raise ConfigError(f"{model_dir}: no version {version}; it has {versions}")
-    return model_dir / str(version if version is not None else versions[-1])
+def _check_options(budget_ms: float | None, threads: int, bundle_name: str) -> None:
+    if budget_ms is not None and not (budget_ms > 0 and math.isfinite(budget_ms)):
+        raise ConfigError(f"--budget-ms {budget_ms}: a positive number of milliseconds")
+    if threads < 0:
+        raise ConfigError(f"--threads {threads}: 0 (ORT's choice) or more")
+    if not bundle_name or bundle_name.startswith(".") or "/" in bundle_name or "\\" in bundle_name:
+        raise ConfigError(f"bundle name {bundle_name!r}: a plain folder name, please")
 
 
-def _config(repo: Path, name: str) -> ModelConfig:
-    model_dir = repo / name
-    if not model_dir.is_dir():
-        known = sorted(p.name for p in repo.iterdir() if p.is_dir()) if repo.is_dir() else []
-        raise ConfigError(f"no model {name!r} in {repo} (it has {', '.join(known) or 'no models'})")
-    cfg = load_model_config(model_dir)
-    if cfg is None:
-        raise ConfigError(f"{model_dir}: no config.yaml or config.pbtxt")
-    return cfg
+def _destination(out: Path, bundle_name: str, repo: Path) -> Path:
+    """OUT/NAME, refused when it is inside the model repository or is a folder that is not
+    an earlier bundle (a rebuild replaces a bundle, never anything else)."""
+    bundle = out / bundle_name
+    if out.resolve() == repo.resolve() or out.resolve().is_relative_to(repo.resolve()):
+        raise ConfigError(f"--out {out} is inside the model repository {repo}: write bundles elsewhere")
+    if bundle.exists() and not (bundle / "manifest.json").is_file():
+        raise ConfigError(f"{bundle} exists and is not an edge bundle (no manifest.json): not replacing it")
+    return bundle
 
 
-def _onnx_model(cfg: ModelConfig, why: str) -> None:
-    runs = cfg.backend or cfg.platform
-    if runs not in ("onnxruntime", "onnxruntime_onnx"):
-        raise ConfigError(
-            f"{cfg.name} runs on {runs!r}; the browser runs ONNX models only (onnxruntime-web){why}"
-        )
-    if cfg.features is not None:
-        raise ConfigError(f"{cfg.name} looks up features in a store: that needs the server")
-    text = cfg.tokenizer.text_input if cfg.tokenizer is not None else None
-    for t in cfg.input:
-        if t.name != text and _datatype(t) not in _BROWSER_DATATYPES:
-            raise ConfigError(
-                f"{cfg.name}: input {t.name!r} is {t.data_type}; the page sends "
-                f"{', '.join(_BROWSER_DATATYPES)}"
-            )
-
-
-def _datatype(t: TensorConfig) -> str:
-    return t.data_type.removeprefix("TYPE_")
-
-
-def _tokenizer_spec(tok: TokenizerConfig, to_model: dict[str, str], file: str) -> dict[str, Any]:
+def _manifest(
+    plan: Plan,
+    bundle_name: str,
+    files: dict[str, str],
+    versions: dict[str, str],
+    budget_ms: float | None,
+    threads: int,
+    size: int,
+    digest: str,
+) -> dict[str, Any]:
+    target, model = plan.target, plan.model
+    tokenizer = plan.tokenizer
+    inputs = inputs_spec(plan)
+    repo = plan.source.parents[2] if plan.version is not None else None
+    if plan.from_optimize:
+        why = "the file the server serves, as optimize shipped it (report.md beside it)"
+    elif plan.version is not None:
+        why = "the file the server serves: the same graph in both places"
+    else:
+        why = "chosen with --model-file"
+    budget = budget_ms or (target.budget.p99_ms if target.budget and target.budget.p99_ms else None) or 50.0
+    # a plain model's fallback names the version the page runs; a pipeline's cannot
+    pinned = plan.version is not None and target is model
+    path = (
+        f"/v2/models/{plan.name}/versions/{plan.version}/infer" if pinned else f"/v2/models/{plan.name}/infer"
+    )
     return {
-        "file": file,
-        "text_input": tok.text_input,
-        "ids": to_model.get(tok.ids, tok.ids),
-        "mask": to_model.get(tok.mask, tok.mask) if tok.mask else None,
-        "type_ids": None,
-        "max_length": tok.max_length,
-        "text_limit": tok.text_limit,
-        "allow_empty": tok.allow_empty,
-        # over this the page hands the text to the server (which truncates or refuses it)
-        "edge_max_tokens": tok.max_length if tok.overflow == "refuse" else None,
+        "format": MANIFEST_FORMAT,
+        "name": bundle_name,
+        "built_with": {k: v for k, v in versions.items() if k != "ort_dir"},
+        "model": {
+            "file": files["model"],
+            "bytes": size,
+            "sha256": digest,
+            "precision": model_precision(plan.source),
+            "batched": model.max_batch_size > 0,
+            "source": str(plan.source.relative_to(repo)) if repo is not None else str(plan.source),
+            "version": plan.version,
+            "why": why,
+        },
+        "inputs": inputs,
+        "outputs": [t.name for t in model.output],
+        "tokenizer": tokenizer_spec(plan, files["tokenizer"]) if tokenizer is not None else None,
+        "rules": rules_spec(plan),
+        "server": {
+            "model": plan.name,
+            "infer_path": path,
+            "batched": target.max_batch_size > 0,
+            "text_input": tokenizer.text_input if tokenizer is not None else None,
+            "text_shape": ([1, 1] if target.max_batch_size > 0 else [1]) if tokenizer is not None else None,
+        },
+        "edge": {
+            "budget_ms": budget,
+            "threads": threads,
+            "warmup_runs": 8,
+            "warmup_input": WARMUP_TEXT if tokenizer is not None else _zeros(inputs),
+            "wasm_path": versions["ort_dir"] + "/",
+        },
     }
-
-
-def _rules_spec(rules: Rules, to_model: dict[str, str]) -> dict[str, Any]:
-    spec = rules.model_dump(mode="json")
-    spec["input"] = to_model.get(rules.input, rules.input)
-    return spec
 
 
 def build_bundle(
@@ -150,124 +169,39 @@ def build_bundle(
     threads: int = 0,
     bundle_name: str | None = None,
 ) -> EdgeBundle:
-    """Write the bundle for ``target`` (``REPO/MODEL``) to ``out/<bundle_name or MODEL>/``."""
-    repo, name = target.parent, target.name
-    bundle_name = bundle_name or name
-    if not bundle_name or bundle_name.startswith(".") or "/" in bundle_name or "\\" in bundle_name:
-        raise ConfigError(f"bundle name {bundle_name!r}: a plain folder name, please")
-    cfg = _config(repo, name)
+    """Write the bundle for ``target`` (``REPO/MODEL``) to ``out/<bundle_name or MODEL>/``.
+    The bundle is written beside its destination and swapped in at the end: a failed build
+    leaves the earlier bundle as it was."""
+    bundle_name = bundle_name or target.name
+    _check_options(budget_ms, threads, bundle_name)
+    bundle = _destination(out, bundle_name, target.parent)
+    plan = plan_bundle(target, version, model_file)
     notes: list[str] = []
-    tokenizer: TokenizerConfig | None = None
-    tokenizer_dir = repo / name
-    rules: Rules | None = None
-    to_model: dict[str, str] = {}  # pipeline tensor -> model tensor
-    model_cfg = cfg
-    if cfg.ensemble_scheduling is not None:
-        model_steps: list[PipelineStep] = []
-        for i, step in enumerate(cfg.ensemble_scheduling.step):
-            if step.tokenizer is not None and i == 0:
-                tokenizer = step.tokenizer
-            elif step.rules is not None and model_steps and i == len(cfg.ensemble_scheduling.step) - 1:
-                rules = step.rules
-            elif step.model_name and not (step.hedge or step.cascade):
-                model_steps.append(step)
-            else:
-                kind = next(
-                    (
-                        k
-                        for k in ("features", "python", "ann", "cascade", "hedge", "tokenizer", "rules")
-                        if getattr(step, k) is not None
-                    ),
-                    "model",
-                )
-                raise ConfigError(
-                    f"{name}: step {i + 1} ({kind}) cannot run in the browser; a bundle takes "
-                    "[tokenizer] → one ONNX model → [rules]"
-                )
-        if len(model_steps) != 1:
-            raise ConfigError(f"{name}: {len(model_steps)} model steps; a bundle takes exactly one")
-        step = model_steps[0]
-        model_cfg = _config(repo, step.model_name)
-        to_model = {v: k for k, v in step.input_map.items()} | {v: k for k, v in step.output_map.items()}
-        if step.model_version > 0 and version is None:
-            version = step.model_version
-        _onnx_model(model_cfg, f" (step {step.model_name} of pipeline {name})")
-    else:
-        _onnx_model(cfg, "")
-        if cfg.tokenizer is not None:
-            tokenizer = cfg.tokenizer
-    if model_cfg.tokenizer is not None and tokenizer is None:
-        tokenizer, tokenizer_dir = model_cfg.tokenizer, repo / model_cfg.name
-
-    source = model_file or (_latest_version(repo / model_cfg.name, version) / "model.onnx")
-    if not source.is_file():
-        raise ConfigError(f"{source}: no such file")
-    precision = model_precision(source)
-    digest = _sha256(source)
-    size = source.stat().st_size
+    size = plan.source.stat().st_size
     if size > LARGE_MODEL_BYTES:
         notes.append(f"the model is {size / 2**20:.0f} MiB: a long first download for a page")
-
-    bundle = out / bundle_name
-    if bundle.exists():
-        shutil.rmtree(bundle)
-    shutil.copytree(web_assets(), bundle, ignore=shutil.ignore_patterns(".complete"))
-    versions = json.loads((bundle / "versions.json").read_text())
-    model_name = f"model.{digest[:12]}.onnx"
-    shutil.copy2(source, bundle / model_name)
-
-    inputs = [{"name": t.name, "datatype": _datatype(t), "dims": list(t.dims)} for t in model_cfg.input]
-    tokenizer_spec = None
-    if tokenizer is not None:
-        tok_path = tokenizer_dir / tokenizer.file
-        if not tok_path.is_file():
-            raise ConfigError(f"{tok_path}: no such file")
-        tok_name = f"tokenizer.{_sha256(tok_path)[:12]}.json"
-        shutil.copy2(tok_path, bundle / tok_name)
-        tokenizer_spec = _tokenizer_spec(tokenizer, to_model, tok_name)
-        model_inputs = {t.name for t in model_cfg.input}
-        if "token_type_ids" in model_inputs:
-            tokenizer_spec["type_ids"] = "token_type_ids"
-        missing = model_inputs - {tokenizer_spec["ids"], tokenizer_spec["mask"], tokenizer_spec["type_ids"]}
-        if missing:
-            raise ConfigError(f"{model_cfg.name}: inputs {sorted(missing)} do not come from the tokenizer")
-    budget = budget_ms or (cfg.budget.p99_ms if cfg.budget and cfg.budget.p99_ms else None) or 50.0
-    manifest: dict[str, Any] = {
-        "format": MANIFEST_FORMAT,
-        "name": bundle_name,
-        "built_with": {k: v for k, v in versions.items() if k != "ort_dir"},
-        "model": {
-            "file": model_name,
-            "bytes": size,
-            "sha256": digest,
-            "precision": precision,
-            "source": str(source.relative_to(repo)) if source.is_relative_to(repo) else str(source),
-            "why": (
-                "the file the server serves (what optimize shipped): both places run the same graph"
-                if model_file is None
-                else "chosen with --model-file"
-            ),
-        },
-        "inputs": inputs,
-        "outputs": [t.name for t in model_cfg.output],
-        "tokenizer": tokenizer_spec,
-        "rules": _rules_spec(rules, to_model) if rules is not None else None,
-        "server": {
-            "model": name,
-            "infer_path": f"/v2/models/{name}/infer",
-            "batched": cfg.max_batch_size > 0,
-            "text_input": tokenizer.text_input if tokenizer is not None else None,
-            "text_shape": ([1, 1] if cfg.max_batch_size > 0 else [1]) if tokenizer is not None else None,
-        },
-        "edge": {
-            "budget_ms": budget,
-            "threads": threads,
-            "warmup_runs": 8,
-            "warmup_input": WARMUP_TEXT if tokenizer is not None else _zeros(inputs),
-            "wasm_path": versions["ort_dir"] + "/",
-        },
-    }
-    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    digest = _sha256(plan.source)
+    assets = web_assets()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out, prefix=f".{bundle_name}-") as tmp:
+        staging = Path(tmp) / bundle_name
+        shutil.copytree(assets, staging, ignore=shutil.ignore_patterns(".complete"))
+        versions = json.loads((staging / "versions.json").read_text())
+        files = {"model": f"model.{digest[:12]}.onnx"}
+        shutil.copy2(plan.source, staging / files["model"])
+        if plan.tokenizer is not None:
+            assert plan.tokenizer_dir is not None
+            tok_path = plan.tokenizer_dir / plan.tokenizer.file
+            if not tok_path.is_file():
+                raise ConfigError(f"{tok_path}: no such file")
+            files["tokenizer"] = f"tokenizer.{_sha256(tok_path)[:12]}.json"
+            shutil.copy2(tok_path, staging / files["tokenizer"])
+        manifest = _manifest(plan, bundle_name, files, versions, budget_ms, threads, size, digest)
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
+        old = Path(tmp) / "previous"
+        if bundle.exists():
+            bundle.rename(old)
+        staging.rename(bundle)
     total = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     return EdgeBundle(bundle, manifest, total, tuple(notes))
 
@@ -278,5 +212,5 @@ def _zeros(inputs: list[dict[str, Any]]) -> dict[str, list[float]]:
         n = 1
         for d in spec["dims"]:
             n *= d if d > 0 else 1
-        out[spec["name"]] = [0.0] * n
+        out[spec["server_name"]] = [0.0] * n
     return out

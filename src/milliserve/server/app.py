@@ -210,11 +210,20 @@ class Server:
             grpc_port or "off",
             metrics_sock.getsockname()[1] if metrics_sock else "off",
         )
+        if self.edge_files is not None and http_sock is not None:
+            port = http_sock.getsockname()[1]
+            for name in self.edge_files.bundles():
+                log.info("edge bundle %s: http://%s:%s/edge/%s/", name, s.host, port, name)
         if w is None or w.accept_early:
             await self._load()
         if w is not None and w.ready_fd is not None:
             os.write(w.ready_fd, b"R")  # tell the parent this worker serves
             os.close(w.ready_fd)
+
+    async def start_embedded(self) -> None:
+        """Load the models without opening any port: another server (Ray Serve's proxy, an
+        ASGI host) calls ``http_app()``. Returns once every model is loaded and warm."""
+        await self._load()
 
     async def _load(self) -> None:
         s = self.settings

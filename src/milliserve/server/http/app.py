@@ -97,7 +97,7 @@ class HttpApp:
             if parts[0] == "edge":
                 if self.edge is None:
                     raise NotFoundError("edge bundles are off: start the server with --edge DIR")
-                await self.edge(scope, send, parts)
+                await self.edge(scope, receive, send, parts)
                 return
             status, body, headers = await self._route(scope, receive)
         except MilliserveError as exc:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from milliserve.errors import ConfigError, NotFoundError
 from milliserve.road import Offload
-from milliserve.server.http.asgi import JSON_HEADER, Scope, Send
+from milliserve.server.http.asgi import JSON_HEADER, Receive, Scope, Send
 
 __all__ = ["EdgeFiles"]
 
@@ -44,42 +44,61 @@ _ISOLATION = [
 _IMMUTABLE = re.compile(r"(^|/)(ort-[0-9][^/]*/|[a-z_]+\.[0-9a-f]{12}\.[a-z]+$)")
 _CHUNK = 1 << 20
 _SMALL = 256 << 10
+# large files streamed at once; more downloads wait their turn (their bytes cost CPU that
+# inference needs: 40 parallel model downloads made the deadline check refuse requests)
+MAX_STREAMS = 4
+SEND_TIMEOUT_S = 30.0
 
 
 class EdgeFiles:
     def __init__(self, root: Path, immutable_max_age_s: int, offload: Offload | None = None) -> None:
         if not root.is_dir():
             raise ConfigError(f"edge.dir {root}: no such folder (write bundles with milliserve edge build)")
+        if (root / "manifest.json").is_file():
+            raise ConfigError(
+                f"edge.dir {root} is one bundle: give the folder that holds bundles ({root.parent})"
+            )
         self.root = root.resolve()
         self.immutable = f"public, max-age={immutable_max_age_s}, immutable".encode()
         self._offload = offload
+        self._streams = asyncio.Semaphore(MAX_STREAMS)
         found = self.bundles()
         log.info("edge bundles in %s: %s", self.root, ", ".join(found) or "none yet")
 
     def bundles(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if (p / "manifest.json").is_file())
 
+    def _bundle(self, name: str) -> Path | None:
+        """The bundle folder ``name``: inside the root (a symlink out is not followed)."""
+        if not name or name.startswith(".") or "\\" in name or "\x00" in name:
+            return None
+        try:
+            bundle = (self.root / name).resolve(strict=True)
+            if not bundle.is_relative_to(self.root) or not (bundle / "manifest.json").is_file():
+                return None
+        except (OSError, RuntimeError):  # too long, a loop, not there
+            return None
+        return bundle
+
     def _file(self, parts: list[str]) -> tuple[Path, str] | None:
         """The file a path names, or None (a missing or forbidden path is a plain 404)."""
-        name, rest = parts[0], parts[1:] or ["index.html"]
+        rest = parts[1:] or ["index.html"]
         if rest[-1] == "":
             rest = [*rest[:-1], "index.html"]
-        for part in (name, *rest):
-            if not part or part.startswith(".") or "\\" in part or "\x00" in part:
-                return None
-        bundle = self.root / name
-        if not (bundle / "manifest.json").is_file():
+        if any(not p or p.startswith(".") or "\\" in p or "\x00" in p for p in rest):
             return None
-        path = bundle.joinpath(*rest)
+        bundle = self._bundle(parts[0])
+        if bundle is None:
+            return None
         try:
-            real = path.resolve(strict=True)
+            real = bundle.joinpath(*rest).resolve(strict=True)
+            if not real.is_relative_to(bundle) or not real.is_file():
+                return None
         except (OSError, RuntimeError):
-            return None
-        if not real.is_relative_to(bundle.resolve()) or not real.is_file():
             return None
         return real, "/".join(rest)
 
-    async def __call__(self, scope: Scope, send: Send, parts: list[str]) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, parts: list[str]) -> None:
         method = scope["method"]
         if method not in ("GET", "HEAD"):
             body = b'{"error": "the edge files take GET and HEAD"}'
@@ -92,13 +111,16 @@ class EdgeFiles:
             body = orjson.dumps({"bundles": self.bundles()})
             await _answer(send, 200, body, [JSON_HEADER])
             return
-        if len(rest) == 1 and not scope["path"].endswith("/"):  # /edge/m -> /edge/m/ (relative URLs)
-            await _answer(send, 308, b"", [(b"location", f"/edge/{rest[0]}/".encode())])
+        # /edge/m -> /edge/m/ (the page's relative URLs), for a bundle that exists
+        if len(rest) == 1 and not scope["path"].endswith("/") and self._bundle(rest[0]) is not None:
+            query = scope.get("query_string", b"")
+            location = f"/edge/{rest[0]}/".encode() + (b"?" + query if query else b"")
+            await _answer(send, 308, b"", [(b"location", location)])
             return
         found = self._file(rest)
         if found is None:
             here = ", ".join(self.bundles()) or "none"
-            raise NotFoundError(f"no edge file {scope['path']}; bundles here: {here}")
+            raise NotFoundError(f"no edge file {scope['path']!r}; bundles here: {here}")
         path, relative = found
         stat = path.stat()
         etag = f'"{stat.st_size:x}-{stat.st_mtime_ns:x}"'.encode()
@@ -108,33 +130,62 @@ class EdgeFiles:
             (b"etag", etag),
             *_ISOLATION,
         ]
-        if any(k == b"if-none-match" and etag in v for k, v in scope["headers"]):
+        if _not_modified(scope["headers"], etag):
             await send({"type": "http.response.start", "status": 304, "headers": headers})
             await send({"type": "http.response.body", "body": b""})
             return
         headers.append((b"content-length", str(stat.st_size).encode()))
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
         if method == "HEAD":
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": b""})
             return
-        await self._send_file(path, stat.st_size, send)
+        async with self._streams:  # a few large downloads at a time: inference keeps the CPU
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            try:
+                await self._send_file(path, stat.st_size, receive, send)
+            except Exception as exc:  # the headers are out: the connection is all there is to end
+                log.warning("edge file %s: stopped mid-response (%s)", relative, exc)
 
-    async def _send_file(self, path: Path, size: int, send: Send) -> None:
-        """The file in 1 MiB chunks, each read off the event loop (a model is tens of MB)."""
-        if self._offload is None:  # in-process tests without an executor
-            await send({"type": "http.response.body", "body": await asyncio.to_thread(path.read_bytes)})
-            return
+    async def _send_file(self, path: Path, size: int, receive: Receive, send: Send) -> None:
+        """The file in 1 MiB chunks, each read off the event loop (a model is tens of MB);
+        a client that goes away stops the reading."""
+        offload = self._offload or (lambda fn, *a: asyncio.to_thread(fn, *a))
         if size <= _SMALL:
-            await send({"type": "http.response.body", "body": await self._offload(path.read_bytes)})
+            await send({"type": "http.response.body", "body": await offload(path.read_bytes)})
             return
-        f = await self._offload(path.open, "rb")
-        with f:
-            while True:
-                chunk = await self._offload(f.read, _CHUNK)
-                more = len(chunk) == _CHUNK
-                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+        gone = asyncio.ensure_future(_disconnected(receive))
+        f = await offload(path.open, "rb")
+        try:
+            sent = 0
+            while not gone.done():
+                chunk = await offload(f.read, _CHUNK)
+                sent += len(chunk)
+                more = bool(chunk) and sent < size
+                # a client that stops reading holds a download slot: not for longer than this
+                await asyncio.wait_for(
+                    send({"type": "http.response.body", "body": chunk, "more_body": more}), SEND_TIMEOUT_S
+                )
                 if not more:
                     return
+        finally:
+            gone.cancel()
+            await offload(f.close)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _not_modified(headers: list[tuple[bytes, bytes]], etag: bytes) -> bool:
+    """If-None-Match as RFC 9110 reads it: ``*``, or a listed tag equal to ours (weakly)."""
+    for k, v in headers:
+        if k == b"if-none-match":
+            for tag in v.split(b","):
+                tag = tag.strip()
+                if tag == b"*" or tag.removeprefix(b"W/") == etag:
+                    return True
+    return False
 
 
 async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:

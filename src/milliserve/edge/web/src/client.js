@@ -67,8 +67,12 @@ class TextEncoderStep {
   }
 }
 
-function tensorFor(input, values, rows) {
-  const shape = [rows, ...input.dims.map((d) => (d < 0 ? values.length / rows : d))];
+// one request's tensor: [1, ...dims] for a batching model, dims alone otherwise; a dynamic
+// dim takes what the fixed ones leave
+function tensorFor(input, values, batched) {
+  const fixed = input.dims.reduce((a, d) => (d < 0 ? a : a * d), 1);
+  const dims = input.dims.map((d) => (d < 0 ? values.length / fixed : d));
+  const shape = batched ? [1, ...dims] : dims;
   switch (input.datatype) {
     case "INT64":
       return new ort.Tensor("int64", BigInt64Array.from(values, (v) => BigInt(v)), shape);
@@ -149,8 +153,13 @@ export class EdgeClient {
     const t0 = now();
     const res = await fetch(new URL("manifest.json", this.base));
     if (!res.ok) throw new Error(`manifest.json: HTTP ${res.status}`);
-    this.manifest = await res.json();
-    this.budgetMs = Number(this.options.budgetMs ?? this.manifest.edge.budget_ms);
+    const manifest = await res.json();
+    if (manifest.format !== 1 || !manifest.model || !manifest.edge || !manifest.server) {
+      throw new Error(`manifest.json: format ${manifest.format}, this client reads format 1 (rebuild the bundle)`);
+    }
+    this.manifest = manifest;
+    const budget = Number(this.options.budgetMs);
+    this.budgetMs = budget > 0 ? budget : manifest.edge.budget_ms;
     this.timings.manifest_ms = now() - t0;
   }
 
@@ -170,11 +179,11 @@ export class EdgeClient {
     const start = now();
     ort.env.wasm.wasmPaths = new URL(m.edge.wasm_path, this.base).href;
     ort.env.wasm.proxy = false; // the proxy worker would load this bundle and find no backend
-    const threads = Number(this.options.threads ?? m.edge.threads ?? 0);
+    const threads = Math.floor(Number(this.options.threads ?? m.edge.threads ?? 0));
     if (threads > 0) ort.env.wasm.numThreads = threads;
     else if (!globalThis.crossOriginIsolated) ort.env.wasm.numThreads = 1;
     const [model, tokenizerJson] = await Promise.all([
-      this._download(new URL(m.model.file, this.base), m.model.bytes),
+      this._download(new URL(m.model.file, this.base), m.model.bytes, m.model.sha256),
       m.tokenizer ? fetch(new URL(m.tokenizer.file, this.base)).then((r) => {
         if (!r.ok) throw new Error(`${m.tokenizer.file}: HTTP ${r.status}`);
         return r.json();
@@ -215,12 +224,32 @@ export class EdgeClient {
     return this.state;
   }
 
-  async _download(url, expected) {
-    const res = await fetch(url);
-    if (!res.ok) throw new Error(`${url.pathname}: HTTP ${res.status}`);
-    const buf = new Uint8Array(await res.arrayBuffer());
+  // the model, checked against the manifest's size and SHA-256 (where the page has
+  // crypto.subtle: a secure context such as https or localhost); a download that takes
+  // longer than loadTimeoutMs (default 120 s) turns the edge off
+  async _download(url, expected, sha256) {
+    const controller = new AbortController();
+    const limit = Number(this.options.loadTimeoutMs ?? 120000);
+    const timer = setTimeout(() => controller.abort(), limit);
+    let buf;
+    try {
+      const res = await fetch(url, { signal: controller.signal });
+      if (!res.ok) throw new Error(`${url.pathname}: HTTP ${res.status}`);
+      buf = new Uint8Array(await res.arrayBuffer());
+    } catch (err) {
+      if (controller.signal.aborted) throw new Error(`${url.pathname}: not downloaded within ${limit} ms`);
+      throw err;
+    } finally {
+      clearTimeout(timer);
+    }
     if (expected && buf.length !== expected) {
       throw new Error(`${url.pathname}: ${buf.length} bytes, the manifest says ${expected}`);
+    }
+    if (sha256 && globalThis.crypto && crypto.subtle) {
+      const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", buf));
+      const hex = Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+      if (hex !== sha256) throw new Error(`${url.pathname}: SHA-256 ${hex.slice(0, 12)}…, the manifest says ${sha256.slice(0, 12)}…`);
+      this.verified = true;
     }
     return buf;
   }
@@ -234,30 +263,38 @@ export class EdgeClient {
       const enc = this.encoder.encode(input);
       if (enc.over) return enc;
       const ids = m.inputs.find((i) => i.name === m.tokenizer.ids);
-      feeds[ids.name] = tensorFor(ids, enc.ids, 1);
+      const batched = m.model.batched;
+      feeds[ids.name] = tensorFor(ids, enc.ids, batched);
       if (m.tokenizer.mask) {
         const mask = m.inputs.find((i) => i.name === m.tokenizer.mask);
-        feeds[mask.name] = tensorFor(mask, enc.ids.map(() => 1), 1);
+        feeds[mask.name] = tensorFor(mask, enc.ids.map(() => 1), batched);
       }
       if (m.tokenizer.type_ids) {
         const types = m.inputs.find((i) => i.name === m.tokenizer.type_ids);
-        feeds[types.name] = tensorFor(types, enc.ids.map(() => 0), 1);
+        feeds[types.name] = tensorFor(types, enc.ids.map(() => 0), batched);
       }
       return { feeds, tokens: enc.tokens };
     }
-    const named = m.inputs.length === 1 && (Array.isArray(input) || ArrayBuffer.isView(input))
-      ? { [m.inputs[0].name]: input }
-      : input;
+    const named = this._named(input);
     for (const spec of m.inputs) {
-      const values = named[spec.name];
-      if (!values) return { over: `no input ${spec.name}` };
+      const values = named[spec.server_name];
+      if (!values || typeof values.length !== "number") return { over: `no input ${spec.server_name}` };
       const fixed = spec.dims.reduce((a, d) => (d < 0 ? a : a * d), 1);
-      if (values.length % fixed !== 0 || (spec.dims.every((d) => d >= 0) && values.length !== fixed)) {
-        return { over: `input ${spec.name} has ${values.length} values, the model takes [${spec.dims}]` };
+      if (values.length === 0 || values.length % fixed !== 0 || (spec.dims.every((d) => d >= 0) && values.length !== fixed)) {
+        return { over: `input ${spec.server_name} has ${values.length} values, the model takes [${spec.dims}]` };
       }
-      feeds[spec.name] = tensorFor(spec, values, 1);
+      feeds[spec.name] = tensorFor(spec, values, m.model.batched);
     }
     return { feeds };
+  }
+
+  // a flat array for a one-input model, else an object of arrays by the server's input names
+  _named(input) {
+    const m = this.manifest;
+    if (m.inputs.length === 1 && (Array.isArray(input) || ArrayBuffer.isView(input))) {
+      return { [m.inputs[0].server_name]: input };
+    }
+    return input && typeof input === "object" ? input : {};
   }
 
   async _runEdge(input) {
@@ -276,25 +313,31 @@ export class EdgeClient {
     if (m.tokenizer) {
       inputs = [{ name: s.text_input, datatype: "BYTES", shape: s.text_shape, data: [input] }];
     } else {
-      const named = m.inputs.length === 1 && (Array.isArray(input) || ArrayBuffer.isView(input))
-        ? { [m.inputs[0].name]: input }
-        : input;
+      const named = this._named(input);
       inputs = m.inputs.map((spec) => {
-        const values = Array.from(named[spec.name] ?? []);
+        const values = Array.from(named[spec.server_name] ?? []);
         const fixed = spec.dims.reduce((a, d) => (d < 0 ? a : a * d), 1);
         const dims = spec.dims.map((d) => (d < 0 ? values.length / fixed : d));
-        return { name: spec.name, datatype: spec.datatype, shape: s.batched ? [1, ...dims] : dims, data: values };
+        const shape = s.batched ? [1, ...dims] : dims;
+        return { name: spec.server_name, datatype: spec.datatype, shape, data: values };
       });
     }
     const controller = new AbortController();
-    const timer = setTimeout(() => controller.abort(), Number(this.options.serverTimeoutMs ?? 10000));
+    const timeoutMs = Number(this.options.serverTimeoutMs ?? 10000);
+    const timer = setTimeout(() => controller.abort(), timeoutMs);
     try {
-      const res = await fetch(new URL(s.infer_path, this.server), {
-        method: "POST",
-        headers: { "content-type": "application/json", ...(this.options.headers || {}) },
-        body: JSON.stringify({ inputs }),
-        signal: controller.signal,
-      });
+      let res;
+      try {
+        res = await fetch(new URL(s.infer_path, this.server), {
+          method: "POST",
+          headers: { "content-type": "application/json", ...(this.options.headers || {}) },
+          body: JSON.stringify({ inputs }),
+          signal: controller.signal,
+        });
+      } catch (err) {
+        if (controller.signal.aborted) throw new Error(`server: no answer within ${timeoutMs} ms`);
+        throw new Error(`server unreachable: ${err.message || err}`);
+      }
       const body = await res.json().catch(() => ({}));
       if (!res.ok) {
         const err = new Error(`server: HTTP ${res.status}: ${body.error || res.statusText}`);

@@ -33,18 +33,20 @@ function draw() {
   const top = Math.log10(Math.max(10, ...shown.map((a) => a.ms)) * 1.2);
   const bottom = Math.log10(0.1);
   const y = (ms) => h - ((Math.log10(Math.max(ms, 0.1)) - bottom) / (top - bottom)) * (h - 14);
-  ctx.font = "10px sans-serif";
-  ctx.fillStyle = "#888";
-  for (const mark of [0.1, 1, 10, 100, 1000]) {
-    if (Math.log10(mark) > top) break;
-    ctx.fillRect(0, y(mark), w, 1);
-    ctx.fillText(`${mark} ms`, 2, y(mark) - 2);
-  }
-  const bw = w / 60;
+  const left = 44; // the axis labels' column
+  const bw = (w - left) / 60;
   shown.forEach((a, i) => {
     ctx.fillStyle = a.source === "edge" ? "#2a9d8f" : "#e76f51";
-    ctx.fillRect(i * bw + 1, y(a.ms), bw - 2, h - y(a.ms));
+    ctx.fillRect(left + i * bw + 1, y(a.ms), bw - 2, h - y(a.ms));
   });
+  ctx.font = "10px sans-serif";
+  for (const mark of [0.1, 1, 10, 100, 1000]) {
+    if (Math.log10(mark) > top) break;
+    ctx.fillStyle = "#ccc";
+    ctx.fillRect(left, y(mark), w - left, 1);
+    ctx.fillStyle = "#666";
+    ctx.fillText(`${mark} ms`, 2, Math.max(10, y(mark) + 3));
+  }
 }
 
 async function main() {
@@ -58,8 +60,14 @@ async function main() {
   client.onStateChange(setStatus);
   setStatus(client.state, client.reason);
   $("model").textContent = `${client.manifest.name} (${client.manifest.model.precision}, ${(client.manifest.model.bytes / 2 ** 20).toFixed(1)} MiB)`;
-  if (client.manifest.edge.warmup_input && typeof client.manifest.edge.warmup_input === "string") {
-    $("text").value = client.manifest.edge.example_text || client.manifest.edge.warmup_input;
+  if (client.manifest.tokenizer) {
+    $("text").value = client.manifest.edge.warmup_input;
+  } else {
+    // a tensor model takes JSON: an array for one input, an object of arrays by input name
+    $("text").placeholder = 'JSON: [0.1, 0.2, ...] or {"input": [...]}';
+    const example = client.manifest.edge.warmup_input;
+    const names = Object.keys(example);
+    $("text").value = JSON.stringify(names.length === 1 ? example[names[0]] : example);
   }
   $("form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
