@@ -16,9 +16,10 @@ replicas' own ports).
   away; ``target_ongoing_requests`` per replica drives scale-up after ``upscale_delay_s``.
 - **Graceful shutdown:** Ray stops routing to a replica, waits for what it holds
   (``graceful_shutdown_timeout_s``), then the lifespan shutdown stops the replica's server.
-- Each response names its replica (``x-milliserve-replica: <pid>``) and its cold start
-  (``x-milliserve-replica-warm-s``: from the replica's process start to its models warm),
-  which is also logged.
+- Each response names its replica (``x-milliserve-replica: <pid>``), when it became warm
+  (``x-milliserve-replica-warm-at``, seconds since the epoch) and its cold start
+  (``x-milliserve-replica-cold-start-s``: from the replica's construction to its models
+  warm), which is also logged.
 """
 
 from __future__ import annotations
@@ -36,20 +37,6 @@ __all__ = ["ReplicaApp", "milliserve_app"]
 log = logging.getLogger(__name__)
 
 
-def _process_age_s() -> float:
-    """Seconds since this process started (Linux; 0 elsewhere)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime")
-        )
-        return time.time() - (boot + ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return 0.0
-
-
 class ReplicaApp:
     """One replica's ASGI application: a milliserve without ports, warm at lifespan startup."""
 
@@ -62,10 +49,11 @@ class ReplicaApp:
             cpu_affinity="off",  # the loop is Ray's: leave thread placement to the OS
             **(overrides or {}),
         )
+        self.created = time.time()
         self.server = Server(settings)
         self.http = self.server.http_app()
-        self.warm_s: float | None = None
         self._pid = str(os.getpid()).encode()
+        self._warm: list[tuple[bytes, bytes]] = []
 
     def ready(self) -> bool:
         return self.server.dataplane.ready()
@@ -80,9 +68,7 @@ class ReplicaApp:
 
         async def send_named(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                headers = [*message.get("headers", []), (b"x-milliserve-replica", pid)]
-                if self.warm_s is not None:
-                    headers.append((b"x-milliserve-replica-warm-s", f"{self.warm_s:.3f}".encode()))
+                headers = [*message.get("headers", []), (b"x-milliserve-replica", pid), *self._warm]
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -94,12 +80,24 @@ class ReplicaApp:
             if msg["type"] == "lifespan.startup":
                 try:
                     await self.server.start_embedded()
+                    if not self.ready():  # say why, where Ray's deploy error shows it
+                        failed = [
+                            f"{r['name']}: {r.get('reason') or r.get('state')}"
+                            for r in self.server.registry.index()
+                            if r.get("state") != "READY"
+                        ]
+                        raise RuntimeError(f"models not ready: {'; '.join(failed)}")
                 except Exception as exc:
                     log.exception("replica %s could not load its models", os.getpid())
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
-                self.warm_s = _process_age_s()
-                log.info("replica %s warm %.2f s after its process started", os.getpid(), self.warm_s)
+                warm_at = time.time()
+                cold = warm_at - self.created
+                self._warm = [
+                    (b"x-milliserve-replica-warm-at", f"{warm_at:.3f}".encode()),
+                    (b"x-milliserve-replica-cold-start-s", f"{cold:.3f}".encode()),
+                ]
+                log.info("replica %s warm %.2f s after it was created", os.getpid(), cold)
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 await self.server.stop()
