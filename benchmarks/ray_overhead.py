@@ -98,7 +98,8 @@ def main() -> None:
     subprocess.run(
         [ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
          f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-         "--include-dashboard=false", "--num-cpus=2", "--object-store-memory=134217728", "--disable-usage-stats"],
+         "--include-dashboard=false", "--num-cpus=2", "--object-store-memory=134217728",
+         "--disable-usage-stats"],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
