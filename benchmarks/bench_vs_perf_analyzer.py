@@ -41,6 +41,28 @@ def perf_analyzer() -> tuple[str, dict[str, str]]:
     return binary, dict(os.environ, LD_LIBRARY_PATH=lib)
 
 
+def pa_level(
+    pa: str, env: dict[str, str], url: str, model: str, conc: int, ms: int, out: Path, *extra: str
+) -> tuple[float, float, float]:
+    """One perf_analyzer level: (infer/s, p50 ms, p99 ms)."""
+    cmd = [pa, "-m", model, "-u", url, "--concurrency-range", str(conc), "-s", "50", "-p", str(ms)]
+    subprocess.run([*cmd, "-f", str(out), *extra], env=env, check=True, capture_output=True, text=True)
+    row = next(iter(csv.DictReader(out.read_text().splitlines())))
+    return float(row["Inferences/Second"]), float(row["p50 latency"]) / 1000, float(row["p99 latency"]) / 1000
+
+
+def rounds_args() -> argparse.Namespace:
+    """--rounds, --seconds and --quick (one short round, no report), parsed."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--quick", action="store_true", help="one short round to check the script; no report")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 1, 1.0
+    return args
+
+
 CLIENT_PREFIX: list[str] = []  # ["taskset", "-c", "0"] with --split-cores
 
 

@@ -21,7 +21,6 @@ Writes the "ray-serve" section of docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_vs_perf_analyzer import perf_analyzer
+from bench_vs_perf_analyzer import pa_level, perf_analyzer, rounds_args
 from report_sections import write_section
 from server_overhead import cpu_description
 
@@ -70,24 +69,8 @@ def forward_app(repo: str) -> Any:
     return Forward.bind()
 
 
-def measure(
-    pa: str, env: dict[str, str], url: str, conc: int, ms: int, out: Path
-) -> tuple[float, float, float]:
-    cmd = [pa, "-m", "fraud_mlp", "-u", url, "--concurrency-range", str(conc), "-s", "50"]
-    cmd += ["-p", str(ms), "-f", str(out)]
-    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
-    row = next(iter(csv.DictReader(out.read_text().splitlines())))
-    return float(row["Inferences/Second"]), float(row["p50 latency"]) / 1000, float(row["p99 latency"]) / 1000
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    if args.quick:
-        args.rounds, args.seconds = 1, 1.0
+    args = rounds_args()
     os.environ.update(ray_env())
     pa, env = perf_analyzer()
     work = Path(tempfile.mkdtemp(prefix="ms-ray-"))
@@ -126,7 +109,7 @@ def main() -> None:
                 for conc in LEVELS:
                     for v in order:
                         out = work / f"{v.replace(' ', '_')}-{conc}-{rnd}.csv"
-                        r = measure(pa, env, urls[v], conc, int(args.seconds * 1000), out)
+                        r = pa_level(pa, env, urls[v], "fraud_mlp", conc, int(args.seconds * 1000), out)
                         results.setdefault((v, conc), []).append(r)
                         print(
                             f"round {rnd} {v} c{conc}: {r[0]:.0f} infer/s p50 {r[1]:.2f} ms p99 {r[2]:.2f} ms"

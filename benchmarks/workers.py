@@ -21,13 +21,11 @@ Writes the "workers" section of docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
-from bench_vs_perf_analyzer import perf_analyzer
+from bench_vs_perf_analyzer import pa_level, perf_analyzer, rounds_args
 from report_sections import write_section
 from server_overhead import cpu_description
 
@@ -57,38 +55,12 @@ def measure(
     url = srv.http_url if proto == "http" else srv.grpc_url
     if proto == "grpc":  # a channel per client thread, not one shared by up to 6
         env = dict(env, TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT="1")
-    cmd = [
-        pa,
-        "-m",
-        "fraud_mlp",
-        "-u",
-        url,
-        "-i",
-        proto,
-        "--concurrency-range",
-        str(conc),
-        "--max-threads",
-        "8",
-        "-s",
-        "50",
-        "-p",
-        str(ms),
-        "-f",
-        str(out),
-    ]
-    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
-    row = next(iter(csv.DictReader(out.read_text().splitlines())))
-    return float(row["Inferences/Second"]), float(row["p50 latency"]) / 1000
+    thr, p50, _ = pa_level(pa, env, url, "fraud_mlp", conc, ms, out, "-i", proto, "--max-threads", "8")
+    return thr, p50
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    if args.quick:
-        args.rounds, args.seconds = 1, 1.0
+    args = rounds_args()
     pa, env = perf_analyzer()
     work = Path(tempfile.mkdtemp(prefix="ms-workers-"))
     repo = work / "repo"

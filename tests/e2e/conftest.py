@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,3 +34,27 @@ def collect_clients_on_the_main_thread() -> Iterator[None]:
     Collecting after each test keeps it on the main thread."""
     yield
     gc.collect()
+
+
+EdgeBuild = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture(scope="session")
+def edge_build() -> EdgeBuild:
+    """``milliserve edge build TARGET --out OUT [extra...]`` as a user runs it."""
+
+    def build(target: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "milliserve", "edge", "build", str(target), "--out", str(out), *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Debian's headless Chromium (a Playwright browser context), for the edge tests."""
+    pytest.importorskip("playwright.sync_api", reason="the [edge] extra (playwright) is needed")
+    from milliserve.edge.browser import chromium
+
+    with chromium() as context:
+        yield context

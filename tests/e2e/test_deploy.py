@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 import yaml
 
-from milliserve.testing import free_port, wait_until
+from milliserve.testing import free_port, pending_requests, post_status, slow_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -275,24 +274,12 @@ def test_the_container_command_serves_probes_and_drains_within_the_grace_period(
             sys.executable if a == "python" else a.replace(":8000/", f":{http}/") for a in d["HEALTHCHECK"]
         ]
         assert subprocess.run(check, timeout=30, check=False).returncode == 0
-        body = {
-            "inputs": [
-                {
-                    "name": "X",
-                    "shape": [1, 256, 256],
-                    "datatype": "FP32",
-                    "data": np.ones(256 * 256, np.float32).tolist(),
-                }
-            ]
-        }
-
-        def call(_: int) -> int:
-            with httpx.Client(timeout=120) as c:
-                return c.post(f"http://127.0.0.1:{http}/v2/models/slow/infer", json=body).status_code
+        url = f"http://127.0.0.1:{http}/v2/models/slow/infer"
+        metrics_url = f"http://127.0.0.1:{metrics}/metrics"
 
         with ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(call, i) for i in range(4)]
-            wait_until(lambda: _inflight(metrics) >= 1, 60, "a request in flight")
+            futures = [pool.submit(post_status, url, slow_body()) for _ in range(4)]
+            wait_until(lambda: sum(pending_requests(metrics_url, "slow").values()) >= 1, 60, "in flight")
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             codes = [f.result() for f in futures]
@@ -311,12 +298,3 @@ def _ok(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _inflight(metrics_port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("milliserve_pending_request_count{") and 'model="slow"' in line
-    )

@@ -6,8 +6,6 @@ blocked, still downloading, too slow, input over its limits) and the server must
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,21 +42,11 @@ INT8_MAX_TOLERANCE = 0.1
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 
 
-def _edge_build(target: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "milliserve", "edge", "build", str(target), "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
-def bundles(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bundles(example_repo: Path, tmp_path_factory: pytest.TempPathFactory, edge_build: Any) -> Path:
     out = tmp_path_factory.mktemp("edge")
     for target in ("sentiment", "fraud_mlp"):
-        done = _edge_build(example_repo / target, out)
+        done = edge_build(example_repo / target, out)
         assert done.returncode == 0, done.stderr
     return out
 
@@ -67,14 +55,6 @@ def bundles(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def edge_server(example_repo: Path, bundles: Path) -> Iterator[ServerProcess]:
     with ServerProcess(example_repo, "--edge", str(bundles)) as proc:
         yield proc
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from milliserve.edge.browser import chromium
-
-    with chromium() as context:
-        yield context
 
 
 @pytest.fixture
@@ -160,7 +140,7 @@ def test_the_page_answers_in_the_browser_as_the_server_does(browser: Any, origin
 
 
 def test_an_fp32_model_answers_exactly_as_the_server(
-    browser: Any, example_repo: Path, tmp_path: Path
+    browser: Any, example_repo: Path, tmp_path: Path, edge_build: Any
 ) -> None:
     """The FP32 classifier the example's optimize starts from, served and bundled: the same
     scores to 1e-5 in the page as on the server."""
@@ -170,7 +150,7 @@ def test_an_fp32_model_answers_exactly_as_the_server(
     shutil.copytree(example_repo / "sentiment", repo / "sentiment")
     shutil.copytree(example_repo / "sentiment_model", repo / "sentiment_model")
     shutil.copy(fp32_classifier(), repo / "sentiment_model" / "1" / "model.onnx")
-    done = _edge_build(repo / "sentiment", tmp_path / "edge", "--name", "sentiment_fp32")
+    done = edge_build(repo / "sentiment", tmp_path / "edge", "--name", "sentiment_fp32")
     assert done.returncode == 0, done.stderr
     with ServerProcess(repo, "--edge", str(tmp_path / "edge")) as proc:
         origin = f"http://{proc.http_url}"
@@ -328,11 +308,11 @@ def test_edge_is_off_unless_turned_on(server: ServerProcess) -> None:
 
 
 def test_models_the_browser_cannot_run_are_refused_with_the_reason(
-    example_repo: Path, tmp_path: Path
+    example_repo: Path, tmp_path: Path, edge_build: Any
 ) -> None:
-    done = _edge_build(example_repo / "fraud", tmp_path)  # looks up features in a store
+    done = edge_build(example_repo / "fraud", tmp_path)  # looks up features in a store
     assert done.returncode != 0
     assert "cannot run in the browser" in done.stderr or "needs the server" in done.stderr, done.stderr
-    done = _edge_build(example_repo / "no_such_model", tmp_path)
+    done = edge_build(example_repo / "no_such_model", tmp_path)
     assert done.returncode != 0 and "no model 'no_such_model'" in done.stderr
     shutil.rmtree(tmp_path, ignore_errors=True)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,16 +73,6 @@ def _big(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-def _edge_build(target: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "milliserve", "edge", "build", str(target), "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def repo(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("unlike")
@@ -109,21 +97,15 @@ def repo(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
+def served(
+    repo: Path, tmp_path_factory: pytest.TempPathFactory, edge_build: Any
+) -> Iterator[tuple[ServerProcess, Path]]:
     out = tmp_path_factory.mktemp("bundles")
     for name in ("fraud_rules", "noconfig", "nobatch", "dynseq", "big"):
-        done = _edge_build(repo / name, out)
+        done = edge_build(repo / name, out)
         assert done.returncode == 0, (name, done.stderr)
     with ServerProcess(repo, "--edge", str(out)) as srv:
         yield srv, out
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from milliserve.edge.browser import chromium
-
-    with chromium() as context:
-        yield context
 
 
 def _page(browser: Any, origin: str, bundle: str, route: Any = None) -> Any:
@@ -193,25 +175,25 @@ def test_a_model_file_unlike_its_manifest_is_not_run(
     assert edge["source"] == "server"
 
 
-def test_a_rebuild_never_destroys_what_is_not_a_bundle(repo: Path, tmp_path: Path) -> None:
+def test_a_rebuild_never_destroys_what_is_not_a_bundle(repo: Path, tmp_path: Path, edge_build: Any) -> None:
     copy = tmp_path / "repo"
     shutil.copytree(repo, copy)
     # --out inside the repository: refused, the model folder untouched
-    done = _edge_build(copy / "fraud_mlp", copy)
+    done = edge_build(copy / "fraud_mlp", copy)
     assert done.returncode != 0 and "inside the model repository" in done.stderr
     assert (copy / "fraud_mlp" / "1" / "model.onnx").is_file()
     # a folder of the same name that is not a bundle: refused, untouched
     out = tmp_path / "out"
     (out / "fraud_mlp").mkdir(parents=True)
     (out / "fraud_mlp" / "notes.txt").write_text("mine")
-    done = _edge_build(copy / "fraud_mlp", out)
+    done = edge_build(copy / "fraud_mlp", out)
     assert done.returncode != 0 and "not an edge bundle" in done.stderr
     assert (out / "fraud_mlp" / "notes.txt").read_text() == "mine"
     # a failed rebuild leaves the earlier bundle as it was
-    assert _edge_build(copy / "fraud_mlp", out, "--name", "good").returncode == 0
+    assert edge_build(copy / "fraud_mlp", out, "--name", "good").returncode == 0
     before = sorted(p.name for p in (out / "good").iterdir())
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
-    done = _edge_build(copy / "fraud_mlp", out, "--name", "good", "--model-file", str(tmp_path / "junk.onnx"))
+    done = edge_build(copy / "fraud_mlp", out, "--name", "good", "--model-file", str(tmp_path / "junk.onnx"))
     assert done.returncode != 0 and "not an ONNX model" in done.stderr and "junk.onnx" in done.stderr
     assert sorted(p.name for p in (out / "good").iterdir()) == before
 
@@ -225,13 +207,15 @@ def test_a_rebuild_never_destroys_what_is_not_a_bundle(repo: Path, tmp_path: Pat
         (["--name", "../x"], "plain folder name"),
     ],
 )
-def test_bad_options_are_refused(repo: Path, tmp_path: Path, extra: list[str], message: str) -> None:
-    done = _edge_build(repo / "fraud_mlp", tmp_path, *extra)
+def test_bad_options_are_refused(
+    repo: Path, tmp_path: Path, extra: list[str], message: str, edge_build: Any
+) -> None:
+    done = edge_build(repo / "fraud_mlp", tmp_path, *extra)
     assert done.returncode != 0 and message in done.stderr, done.stderr
 
 
-def test_another_models_file_is_refused_at_build(repo: Path, tmp_path: Path) -> None:
-    done = _edge_build(
+def test_another_models_file_is_refused_at_build(repo: Path, tmp_path: Path, edge_build: Any) -> None:
+    done = edge_build(
         repo / "fraud_mlp", tmp_path, "--model-file", str(repo / "nobatch" / "1" / "model.onnx")
     )
     assert done.returncode != 0 and "this model's file" in done.stderr, done.stderr

@@ -23,7 +23,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from milliserve.config.settings import ray_env
-from milliserve.testing import free_port, wait_until
+from milliserve.testing import free_port, pending_requests, post_status, slow_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -229,41 +229,21 @@ def test_a_killed_replica_costs_only_what_it_held(app: RayApp) -> None:
     assert all(t <= replaced_at for t, _ in failed)
 
 
-def _pending_slow(url: str) -> float:
-    text = httpx.get(f"http://{url}/metrics", timeout=10).text  # one replica's view
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("milliserve_pending_request_count{") and 'model="slow"' in line
-    )
-
-
 def test_deleting_the_app_lets_replicas_finish_what_they_hold(app: RayApp) -> None:
     """Last in this module: it deletes the app (the CLI's SIGTERM), under slow requests."""
-    body = {
-        "inputs": [
-            {
-                "name": "X",
-                "shape": [1, 256, 256],
-                "datatype": "FP32",
-                "data": np.ones(65536, np.float32).tolist(),
-            }
-        ]
-    }
     codes: list[int | str] = []
 
     def call() -> None:
-        try:
-            codes.append(
-                httpx.post(f"http://{app.url}/v2/models/slow/infer", json=body, timeout=120).status_code
-            )
-        except httpx.HTTPError as exc:
-            codes.append(type(exc).__name__)
+        codes.append(post_status(f"http://{app.url}/v2/models/slow/infer", slow_body()))
 
     threads = [threading.Thread(target=call) for _ in range(4)]
     for t in threads:
         t.start()
-    wait_until(lambda: _pending_slow(app.url) >= 1, 60, "slow requests in a replica", interval_s=0.05)
+
+    def held() -> bool:  # one replica's view per scrape
+        return sum(pending_requests(f"http://{app.url}/metrics", "slow").values()) >= 1
+
+    wait_until(held, 60, "slow requests in a replica", interval_s=0.05)
     assert app.stop() == 0
     for t in threads:
         t.join(120)

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from milliserve.testing import ServerProcess, wait_until
+from milliserve.testing import ServerProcess, pending_requests, slow_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -29,26 +29,9 @@ parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 """
 
 
-def slow_body(batch: int = 1) -> dict:
-    return {
-        "inputs": [
-            {
-                "name": "X",
-                "shape": [batch, 256, 256],
-                "datatype": "FP32",
-                "data": np.ones((batch, 256, 256), np.float32).reshape(-1).tolist(),
-            }
-        ]
-    }
-
-
 def pending(srv: ServerProcess, model: str = "slow") -> float:
     """Requests the server holds for ``model`` (queued or running), from its metrics."""
-    text = httpx.get(srv.metrics_url).text
-    for line in text.splitlines():
-        if line.startswith(f'milliserve_pending_request_count{{model="{model}"'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return sum(pending_requests(srv.metrics_url, model).values())
 
 
 def test_repository_api_over_http_and_grpc(example_repo: Path) -> None:

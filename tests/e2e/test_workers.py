@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from milliserve.testing import ServerProcess, free_port, wait_until
+from milliserve.testing import ServerProcess, free_port, pending_requests, post_status, slow_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -146,39 +146,17 @@ def test_sigterm_drains_every_worker(tmp_path: Path, write_slow: Callable[..., P
     srv = ServerProcess(tmp_path, "--workers", "2").start()
     assert srv.proc is not None
     wait_until(lambda: serving(srv) >= 2, 60, "both workers serving")
-    body = {
-        "inputs": [
-            {
-                "name": "X",
-                "shape": [1, 256, 256],
-                "datatype": "FP32",
-                "data": np.ones(256 * 256, np.float32).tolist(),
-            }
-        ]
-    }
-
-    def call(_: int) -> int:
-        with httpx.Client(timeout=120) as c:
-            return c.post(f"http://{srv.http_url}/v2/models/slow/infer", json=body).status_code
+    url = f"http://{srv.http_url}/v2/models/slow/infer"
 
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(call, i) for i in range(8)]
-        wait_until(lambda: sum(per_worker_pending(srv).values()) >= 2, 60, "requests in both workers")
+        futures = [pool.submit(post_status, url, slow_body()) for _ in range(8)]
+        wait_until(lambda: sum(pending_requests(srv.metrics_url, "slow").values()) >= 2, 60, "requests held")
         srv.proc.send_signal(signal.SIGTERM)
         codes = [f.result() for f in futures]
     assert codes == [200] * 8
     assert srv.proc.wait(60) == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://{srv.http_url}/v2/health/live")
-
-
-def per_worker_pending(srv: ServerProcess) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(srv.metrics_url, timeout=10).text.splitlines():
-        m = re.match(r'milliserve_pending_request_count{worker="(\d+)",model="slow"\S*} (\S+)', line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
 
 
 def test_a_worker_that_cannot_start_stops_the_server(tmp_path: Path) -> None:
