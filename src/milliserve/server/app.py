@@ -100,7 +100,7 @@ class Server:
 
     async def metrics_text(self) -> bytes:
         """This server's metrics; with ``--workers``, every worker's under a ``worker`` label."""
-        local = generate_latest(self.prometheus_registry)
+        local = await self.local_metrics()
         return local if self.peers is None else await self.peers.metrics(local)
 
     def http_app(self, local: bool = False) -> HttpApp:
@@ -110,7 +110,7 @@ class Server:
             (self.local_metrics if local else self.metrics_text) if self.settings.metrics.enabled else None
         )
         h = self.settings.http
-        app = HttpApp(
+        return HttpApp(
             self.dataplane,
             h.max_request_bytes,
             self.auth,
@@ -118,9 +118,8 @@ class Server:
             metrics,
             h.max_json_bytes,
             self.edge_files,
+            local_only=local,
         )
-        app.local_only = local
-        return app
 
     def _uvicorn(self, app: Any, limits: ConnectionLimits, graceful_s: float) -> _Uvicorn:
         # the socket is bound by bind_tcp (host and port are not uvicorn's); the protocol
@@ -214,6 +213,8 @@ class Server:
             port = http_sock.getsockname()[1]
             for name in self.edge_files.bundles():
                 log.info("edge bundle %s: http://%s:%s/edge/%s/", name, s.host, port, name)
+        # after the listeners: gRPC's own threads keep every CPU, only the loop thread is placed
+        self.executor.pin_event_loop()
         if w is None or w.accept_early:
             await self._load()
         if w is not None and w.ready_fd is not None:
@@ -227,8 +228,6 @@ class Server:
 
     async def _load(self) -> None:
         s = self.settings
-        # after the listeners: gRPC's own threads keep every CPU, only the loop thread is placed
-        self.executor.pin_event_loop()
         if s.model_control_mode == "none":
             await self.registry.load_all()
         elif s.load_models:

@@ -63,6 +63,7 @@ class HttpApp:
         metrics: Callable[[], Awaitable[bytes]] | None = None,
         max_json_bytes: int = 16 << 20,
         edge: EdgeFiles | None = None,
+        local_only: bool = False,
     ) -> None:
         self.dp = dataplane
         self.max_request_bytes = max_request_bytes
@@ -72,7 +73,7 @@ class HttpApp:
         self._metrics = metrics  # /metrics here too, so tools need not know the metrics port
         self.generate = GenerateRoutes(dataplane, self._read_body)
         self.edge = edge
-        self.local_only = False  # a worker's private listener: no fan-out to siblings
+        self.local_only = local_only  # a worker's private listener: no fan-out to siblings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
