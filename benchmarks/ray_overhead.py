@@ -118,6 +118,8 @@ def main() -> None:
         ray.shutdown()
     finally:
         subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, check=False)
+        # the forwarding replicas' servers outlive a killed replica: stop them by their repository
+        subprocess.run(["pkill", "-f", f"milliserve serve {repo} "], check=False)
     if args.quick:
         print("quick run: no report written")
         return
