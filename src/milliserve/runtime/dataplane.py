@@ -13,9 +13,9 @@ from typing import Any
 from milliserve._version import __version__
 from milliserve.config.model_config import ModelConfig
 from milliserve.errors import InvalidInputError, ModelControlDisabledError, RequestError
-from milliserve.observability.merge import merge_statistics
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.runtime.servable import ServableRegistry
+from milliserve.runtime.stats import merge_statistics
 
 __all__ = ["EXTENSIONS", "DataPlane"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ __all__ = [
     "GenerationStats",
     "HistogramData",
     "ModelStats",
+    "merge_statistics",
 ]
 
 LATENCY_BUCKETS = (
@@ -229,3 +230,49 @@ class ModelStats:
                 for size, b in sorted(self.batches.items())
             ],
         }
+
+
+def _merge(a: Any, b: Any, key: str = "") -> Any:
+    if isinstance(a, dict) and isinstance(b, dict):
+        merged = dict(a)
+        for k, v in b.items():
+            merged[k] = _merge(merged[k], v, k) if k in merged else v
+        return merged
+    if isinstance(a, list) and isinstance(b, list):
+        return _merge_list(a, b)
+    if key == "last_inference":
+        return max(a, b)
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return a + b
+    return a
+
+
+def _ident(item: Any) -> Any:
+    if isinstance(item, dict):
+        for keys in (("name", "version"), ("batch_size",)):
+            if all(k in item for k in keys):
+                return tuple(item[k] for k in keys)
+    return None
+
+
+def _merge_list(a: list[Any], b: list[Any]) -> list[Any]:
+    out = list(a)
+    index = {_ident(x): i for i, x in enumerate(out) if _ident(x) is not None}
+    for item in b:
+        ident = _ident(item)
+        if ident is not None and ident in index:
+            out[index[ident]] = _merge(out[index[ident]], item)
+        else:
+            if ident is not None:
+                index[ident] = len(out)
+            out.append(item)
+    return out
+
+
+def merge_statistics(per_worker: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Triton's model statistics of several workers as one server's: counts and
+    nanoseconds summed per model version (and per batch size), the latest last_inference."""
+    merged: list[dict[str, Any]] = []
+    for stats in per_worker:
+        merged = _merge_list(merged, stats)
+    return merged
