@@ -62,9 +62,11 @@ def test_a_timed_level_measures_what_was_scheduled_in_its_window() -> None:
     with fake_openai_process("--ttft-ms", "10", "--tokens", "4") as url:
         rec = job_records(url, "closed", 1, duration_s=0.5, warmup_s=0.1)
     m = rec.phase == MEASURED
-    start = rec.intended.min()  # the first warmup request went out as the job started
+    # the first warmup request went out as the job started, give or take the moment it took
+    # to leave on a loaded machine (seen: 0.75 ms): the window's edges are known to that
+    start, lag = rec.intended.min(), 0.02
     assert m.sum() >= 2
-    assert ((rec.intended[m] >= start + 0.1) & (rec.intended[m] < start + 0.1 + 0.5)).all()
+    assert ((rec.intended[m] >= start + 0.1 - lag) & (rec.intended[m] < start + 0.1 + 0.5)).all()
     assert (rec.intended[~m] < start + 0.1).any()  # the warmup
 
 
