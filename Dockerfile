@@ -1,7 +1,9 @@
 # milliserve in a container.
 #   docker build -t milliserve .                                  # the server (onnxruntime)
 #   docker build -t milliserve --build-arg EXTRAS=openvino .      # + OpenVINO models
-#   docker run -p 8000:8000 -p 8001:8001 -p 8002:8002 -v $PWD/build/model_repository:/models:ro milliserve
+#   docker run --stop-timeout 30 -p 8000:8000 -p 8001:8001 -p 8002:8002 \
+#       -v $PWD/build/model_repository:/models:ro milliserve
+# (--stop-timeout 30: Docker's default 10 s would kill the server before its 20 s drain)
 # The model repository is mounted at /models (or baked: FROM milliserve, then COPY repo /models).
 # A slim base, a non-root user (10001), probes on the OIP health endpoints, and SIGTERM
 # drained within 20 s (MILLISERVE_SHUTDOWN_GRACE_S), inside a pod's default 30 s grace.
@@ -28,7 +30,8 @@ RUN pip install ".${EXTRAS:+[$EXTRAS]}" \
     && mkdir /models && chown 10001:10001 /models
 
 USER 10001
-ENV MILLISERVE_MODEL_REPOSITORY=/models \
+ENV HOME=/tmp \
+    MILLISERVE_MODEL_REPOSITORY=/models \
     MILLISERVE_HOST=0.0.0.0 \
     MILLISERVE_WORKERS=1 \
     MILLISERVE_SHUTDOWN_GRACE_S=20 \
@@ -36,7 +39,7 @@ ENV MILLISERVE_MODEL_REPOSITORY=/models \
 EXPOSE 8000 8001 8002
 
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2).status != 200)"]
+    CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('MILLISERVE_HTTP__PORT', '8000'); sys.exit(urllib.request.urlopen(f'http://127.0.0.1:{port}/v2/health/ready', timeout=2).status != 200)"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["tini", "--"]
 CMD ["milliserve", "serve"]

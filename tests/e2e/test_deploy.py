@@ -76,7 +76,7 @@ def test_the_deployment_matches_the_server() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     env = {e["name"]: e["value"] for e in container["env"]}
     settings = Settings(**_settings_from_env(env))
-    assert settings.workers == 2 and settings.host == "0.0.0.0"
+    assert settings.workers == 2 and settings.host == "0.0.0.0" and settings.cpu_affinity == "off"
     # drain (after the preStop pause) ends before the kubelet's SIGKILL
     pause = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
     assert pause + settings.shutdown_grace_s < pod["terminationGracePeriodSeconds"]
@@ -270,10 +270,8 @@ def test_the_container_command_serves_probes_and_drains_within_the_grace_period(
         probe = _deployment()["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
         ready = f"http://127.0.0.1:{http}{probe['httpGet']['path']}"
         wait_until(lambda: _ok(ready), 120, "the readiness probe")
-        check = [
-            sys.executable if a == "python" else a.replace(":8000/", f":{http}/") for a in d["HEALTHCHECK"]
-        ]
-        assert subprocess.run(check, timeout=30, check=False).returncode == 0
+        check = [sys.executable if a == "python" else a for a in d["HEALTHCHECK"]]
+        assert subprocess.run(check, env=env, timeout=30, check=False).returncode == 0
         url = f"http://127.0.0.1:{http}/v2/models/slow/infer"
         metrics_url = f"http://127.0.0.1:{metrics}/metrics"
 

@@ -209,3 +209,51 @@ def test_the_shared_grpc_port_is_not_open_to_another_server(two: ServerProcess, 
     )
     assert done.returncode != 0 and "already in use" in done.stderr, done.stderr[-2000:]
     assert time.monotonic() - started < 120
+
+
+def test_with_a_token_statistics_are_still_summed(example_repo: Path) -> None:
+    """The siblings' private ports ask for the token too: the worker asking sends it."""
+    token = {"Authorization": "Bearer s3cret"}
+    env = dict(os.environ, MILLISERVE_AUTH__PROTECT_METRICS="true")
+    with ServerProcess(example_repo, "--workers", "2", "--auth-token", "s3cret", env=env) as srv:
+        wait_until(lambda: serving(srv) >= 2, 60, "both workers serving")
+        url = f"http://{srv.http_url}/v2/models/fraud_mlp/infer"
+        for _ in range(12):
+            with httpx.Client(timeout=30, headers=token) as c:
+                assert c.post(url, json=BODY).status_code == 200
+        stats = httpx.get(f"http://{srv.http_url}/v2/models/fraud_mlp/stats", headers=token).json()
+        text = httpx.get(f"http://{srv.http_url}/metrics", headers=token).text
+    counts = re.findall(
+        r'milliserve_inference_count_total\{worker="(\d)",model="fraud_mlp",version="1"\} (\S+)', text
+    )
+    assert {w for w, _ in counts} == {"0", "1"}
+    assert stats["model_stats"][0]["inference_count"] == sum(float(n) for _, n in counts) >= 12
+
+
+def test_a_port_another_server_shares_is_refused(example_repo: Path) -> None:
+    """A gRPC server elsewhere that set SO_REUSEPORT must not be joined."""
+    import socket
+
+    port = free_port()
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", port))
+    other.listen()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "milliserve", "serve", str(example_repo), "--workers", "2",
+             "--http-port", str(free_port()), "--grpc-port", str(port), "--metrics-port", str(free_port())],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        other.close()
+    assert done.returncode != 0 and "already in use" in done.stderr, done.stderr[-2000:]
+
+
+def test_explicit_model_control_is_refused_with_workers(example_repo: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "milliserve", "serve", str(example_repo), "--workers", "2",
+         "--model-control-mode", "explicit", "--http-port", str(free_port())],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and "--model-control-mode explicit" in done.stderr, done.stderr[-2000:]

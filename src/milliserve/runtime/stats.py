@@ -232,11 +232,17 @@ class ModelStats:
         }
 
 
+_IDENTITY = frozenset(("name", "version", "batch_size"))  # what an entry is, not what it counted
+
+
 def _merge(a: Any, b: Any, key: str = "") -> Any:
     if isinstance(a, dict) and isinstance(b, dict):
         merged = dict(a)
         for k, v in b.items():
-            merged[k] = _merge(merged[k], v, k) if k in merged else v
+            if k in _IDENTITY:
+                merged.setdefault(k, v)
+            else:
+                merged[k] = _merge(merged[k], v, k) if k in merged else v
         return merged
     if isinstance(a, list) and isinstance(b, list):
         return _merge_list(a, b)

@@ -84,7 +84,8 @@ class Server:
         a = settings.auth
         self.auth = Auth(a.token.get_secret_value() if a.token else None, a.protect_health, a.protect_metrics)
         self.worker = worker
-        self.peers = Peers(worker.index, list(worker.peer_ports)) if worker is not None else None
+        token = a.token.get_secret_value() if a.token else None
+        self.peers = Peers(worker.index, list(worker.peer_ports), token) if worker is not None else None
         if self.peers is not None:
             self.dataplane.siblings = self.peers.statistics
         e = settings.edge

@@ -24,13 +24,16 @@ log = logging.getLogger(__name__)
 _MAX_BODY = 64 << 20
 
 
-async def _get(port: int, path: str, timeout_s: float) -> bytes:
+async def _get(port: int, path: str, timeout_s: float, token: str | None = None) -> bytes:
     """GET ``path`` from 127.0.0.1:``port`` (our own server: HTTP/1.1, Content-Length)."""
 
     async def call() -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            writer.write(f"GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n".encode())
+            auth = f"authorization: Bearer {token}\r\n" if token else ""
+            writer.write(
+                f"GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{auth}connection: close\r\n\r\n".encode()
+            )
             head = await reader.readuntil(b"\r\n\r\n")
             status = int(head.split(b" ", 2)[1])
             length = next(
@@ -54,21 +57,24 @@ async def _get(port: int, path: str, timeout_s: float) -> bytes:
 
 
 class Peers:
-    """This worker's index and every worker's private port (this one's included)."""
+    """This worker's index and every worker's private port (this one's included); the
+    server's token, when it has one, goes with every call."""
 
-    def __init__(self, index: int, ports: list[int], timeout_s: float = 2.0) -> None:
-        self.index, self.ports, self.timeout_s = index, ports, timeout_s
+    def __init__(
+        self, index: int, ports: list[int], token: str | None = None, timeout_s: float = 2.0
+    ) -> None:
+        self.index, self.ports, self.timeout_s, self._token = index, ports, timeout_s, token
 
     async def others(self, path: str) -> list[tuple[int, bytes]]:
         """(worker index, body) from every other worker that answered."""
         targets = [(i, p) for i, p in enumerate(self.ports) if i != self.index]
         results = await asyncio.gather(
-            *(_get(p, path, self.timeout_s) for _, p in targets), return_exceptions=True
+            *(_get(p, path, self.timeout_s, self._token) for _, p in targets), return_exceptions=True
         )
         out = []
         for (i, _), r in zip(targets, results, strict=True):
             if isinstance(r, BaseException):
-                log.debug("worker %d did not answer %s: %s", i, path, r)
+                log.warning("worker %d did not answer %s (left out): %s", i, path, r or type(r).__name__)
             else:
                 out.append((i, r))
         return out

@@ -32,7 +32,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from milliserve.config.settings import Settings
@@ -55,7 +55,10 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 def _guard_port(host: str, port: int, listener: Listener) -> socket.socket:
     """Hold ``port`` with SO_REUSEPORT without listening: the workers' gRPC servers may
-    share it, any other program gets 'address in use'."""
+    share it; a program without SO_REUSEPORT gets 'address in use'. (One that sets it, as
+    the same user, could still join later: the kernel allows that.)"""
+    if port != 0:  # anything on the port already (a SO_REUSEPORT server too) refuses this bind
+        bind_tcp(host, port, listener).close()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -89,11 +92,16 @@ class _Worker:
     restarts: int = 0
     next_start: float = 0.0
     ever_ready: bool = False
-    pending: list[int] = field(default_factory=list)
+    peer_port: int = 0
 
 
 class _Supervisor:
     def __init__(self, settings: Settings) -> None:
+        if settings.model_control_mode == "explicit":
+            raise ConfigError(
+                "--model-control-mode explicit loads and unloads models in one process: it does "
+                "not work with --workers (each worker has its own models); use one or the other"
+            )
         self.settings = settings
         s = settings
         self.http = bind_tcp(s.host, s.http.port, HTTP) if s.http.enabled else None
@@ -103,6 +111,8 @@ class _Supervisor:
             _Worker(i, bind_tcp("127.0.0.1", 0, Listener(f"worker {i} private", "")))
             for i in range(s.workers)
         ]
+        for w in self.workers:
+            w.peer_port = w.peer.getsockname()[1]
         self.stopping = False
         for sock in (self.http, self.metrics):
             if sock is not None:
@@ -115,6 +125,16 @@ class _Supervisor:
         return f"http {port(self.http)}, grpc {port(self.grpc)}, metrics {port(self.metrics)}"
 
     def spawn(self, w: _Worker, accept_early: bool) -> None:
+        if w.peer.fileno() == -1:  # closed when it died: the same port again, for its siblings
+            private = Listener(f"worker {w.index} private", "")
+            try:
+                w.peer = bind_tcp("127.0.0.1", w.peer_port, private)
+            except ConfigError:  # taken meanwhile: its siblings will miss it until they restart
+                w.peer = bind_tcp("127.0.0.1", 0, private)
+                log.warning(
+                    "worker %d: private port %d taken, now %d", w.index, w.peer_port, w.peer.getsockname()[1]
+                )
+                w.peer_port = w.peer.getsockname()[1]
         ready_r, ready_w = os.pipe()
         w.peer.set_inheritable(True)
         slot = WorkerSlot(
@@ -123,7 +143,7 @@ class _Supervisor:
             metrics_fd=self.metrics.fileno() if self.metrics is not None else None,
             peer_fd=w.peer.fileno(),
             grpc_port=self.grpc.getsockname()[1] if self.grpc is not None else None,
-            peer_ports=tuple(x.peer.getsockname()[1] for x in self.workers),
+            peer_ports=tuple(x.peer_port for x in self.workers),
             accept_early=accept_early,
             ready_fd=ready_w,
         )
@@ -200,6 +220,8 @@ class _Supervisor:
                 return 1
             delay = BACKOFF_S[min(w.restarts, len(BACKOFF_S) - 1)]
             log.warning("worker %d exited with %s: restarting in %.1f s", w.index, rc, delay)
+            # siblings asking a dead worker get 'refused' at once, not a queued connection
+            w.peer.close()
             w.proc, w.ready, w.next_start = None, False, now + delay
             w.restarts += 1
         return 0

@@ -293,3 +293,27 @@ def test_model_parameters_are_checked_and_inline_execution_serves(
             assert "unknown parameters ['intra_op_threads']" in index["typo"]["reason"]
 
     run(main())
+
+
+def test_a_workers_private_app_answers_metrics_and_statistics_only(repo: Path, run: Any) -> None:
+    """``serve --workers``: siblings ask each other on private ports; those serve nothing else."""
+
+    async def go() -> None:
+        async with InProcessServer(repo, listen=False) as server:
+            transport = httpx.ASGITransport(app=server.http_app(local=True))
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+                metrics = await c.get("/metrics")  # 404 here only when metrics are off, not refused
+                assert metrics.status_code == 200 or "private port" not in metrics.text
+                assert (await c.get("/v2/models/stats")).status_code == 200
+                assert (await c.get("/v2/models/add_sub/stats")).status_code == 200
+                a = np.ones((1, 4), np.float32)
+                for method, path, body in (
+                    ("POST", "/v2/models/add_sub/infer", infer_body(a, a)),
+                    ("GET", "/v2/models/add_sub", None),
+                    ("GET", "/v2/health/ready", None),
+                    ("POST", "/v2/repository/index", {}),
+                ):
+                    r = await c.request(method, path, json=body)
+                    assert r.status_code == 404 and "private port" in r.json()["error"], path
+
+    run(go())

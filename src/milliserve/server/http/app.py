@@ -82,6 +82,15 @@ class HttpApp:
         if scope["type"] != "http":
             return
         parts = scope["path"].strip("/").split("/")
+        if self.local_only and not (
+            scope["method"] == "GET" and (parts == ["metrics"] or parts[-1:] == ["stats"])
+        ):
+            # a worker's private port answers its siblings' metrics and statistics only
+            body = encode_json({"error": "a worker's private port serves /metrics and statistics only"})
+            headers = [_JSON, (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 404, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
         if GenerateRoutes.handles(scope["method"], parts):
             try:
                 self.auth.check(scope["headers"], "api")
