@@ -300,7 +300,12 @@ export class EdgeClient {
   async _runEdge(input) {
     const prepared = this._feeds(input);
     if (prepared.over) throw new Error(prepared.over);
-    const results = await this.session.run(prepared.feeds);
+    return this._run(prepared.feeds);
+  }
+
+  // the model's outputs by name, as plain arrays
+  async _run(feeds) {
+    const results = await this.session.run(feeds);
     const outputs = {};
     for (const name of this.manifest.outputs) outputs[name] = plainArray(results[name].data);
     return outputs;
@@ -364,10 +369,7 @@ export class EdgeClient {
         reason = `input over the edge model's limits: ${prepared.over}`;
       } else {
         try {
-          const results = await this.session.run(prepared.feeds);
-          const outputs = {};
-          for (const name of this.manifest.outputs) outputs[name] = plainArray(results[name].data);
-          const answer = this._finish(outputs, "edge", t0, null);
+          const answer = this._finish(await this._run(prepared.feeds), "edge", t0, null);
           answer.tokens = prepared.tokens;
           this._observe(answer.ms);
           this.errors = 0;
