@@ -29,6 +29,9 @@ Config ``parameters`` understood here (string values):
                          unified cache; default ``false``: one buffer per sequence)
 ``max_queue``            requests waiting for a free sequence before 503 (default 64)
 ``flash_attn``           ``auto`` (llama.cpp decides; default), ``on`` or ``off``
+``extra_buffers``        llama.cpp's extra weight buffers (repacked and AMX kernels): ``on``,
+                         ``off``, or ``auto`` (default): off where the CPU advertises AMX,
+                         whose kernels fault in VMs that do not hand AMX state to the guest
 =======================  ==================================================================
 
 llama-cpp-python is an optional dependency: ``pip install 'milliserve[llm]'``.
@@ -74,6 +77,7 @@ KNOWN_PARAMETERS = frozenset(
         "kv_unified",
         "max_queue",
         "flash_attn",
+        "extra_buffers",
     }
 )
 # llama.cpp log levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation; warnings and errors pass
@@ -125,6 +129,18 @@ class LlmOptions:
     kv_unified: bool = False
     max_queue: int = 64
     flash_attn: str = "auto"
+    extra_buffers: bool = True
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " amx_tile" in line
+    except OSError:
+        pass
+    return False
 
 
 def parse_llm_options(config: ModelConfig) -> LlmOptions:
@@ -167,6 +183,9 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
         kv_unified=unified in ("true", "1"),
         max_queue=whole("max_queue", 64, 0),
         flash_attn=_choice(params, "flash_attn", ("auto", "on", "off"), "auto"),
+        extra_buffers={"on": True, "off": False, "auto": not _cpu_has_amx()}[
+            _choice(params, "extra_buffers", ("auto", "on", "off"), "auto")
+        ],
     )
 
 
@@ -200,6 +219,7 @@ class LlamaModel:
             raise BackendError(f"{path}: no such GGUF file")
         mp = C.llama_model_default_params()
         mp.n_gpu_layers = 0
+        mp.use_extra_bufts = options.extra_buffers
         model = C.llama_model_load_from_file(str(path).encode(), mp)
         if not model:
             raise BackendError(f"{path}: llama.cpp could not load this GGUF file")
