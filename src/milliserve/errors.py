@@ -10,6 +10,7 @@ and what was expected.
     │   ├── MalformedRequestError    the body cannot be decoded (bad JSON, truncated binary, ...)
     │   ├── InvalidInputError        decodable, but does not match the model (name, datatype, shape)
     │   ├── RequestTooLargeError     the body is over the size limit (HTTP 413)
+    │   ├── UnsupportedEncodingError a Content-Encoding the server does not take (HTTP 415)
     │   └── UnauthorizedError        no valid token with a server that requires one (HTTP 401)
     ├── NotFoundError                unknown model or version (HTTP 404 / NOT_FOUND)
     ├── UnavailableError             cannot serve now (HTTP 503 / UNAVAILABLE)
@@ -47,6 +48,8 @@ __all__ = [
     "ServerShuttingDownError",
     "UnauthorizedError",
     "UnavailableError",
+    "UnsupportedEncodingError",
+    "shown",
 ]
 
 
@@ -76,6 +79,10 @@ class InvalidInputError(RequestError):
 
 class RequestTooLargeError(RequestError):
     """The request body is larger than the configured limit."""
+
+
+class UnsupportedEncodingError(RequestError):
+    """The request body is compressed in a way the server does not decode."""
 
 
 class UnauthorizedError(RequestError):
@@ -125,3 +132,11 @@ class BackendError(MilliserveError):
 
 class OverBudgetError(MilliserveError):
     """Admission refused: the estimated time to first token is over the model's budget."""
+
+
+def shown(value: str, limit: int = 128) -> str:
+    """``value`` quoted for an error message, cut to ``limit`` characters: an error that
+    echoed a 100 KB name whole would not fit a client's header limit (gRPC status)."""
+    if len(value) <= limit:
+        return repr(value)
+    return repr(value[:limit]) + f"… ({len(value)} characters)"

@@ -35,6 +35,7 @@ INTERNAL = ErrorStatus(500, "INTERNAL", "BACKEND")
 _TABLE: dict[type[BaseException], ErrorStatus] = {
     e.RequestError: ErrorStatus(400, "INVALID_ARGUMENT", "REJECTED"),
     e.RequestTooLargeError: ErrorStatus(413, "RESOURCE_EXHAUSTED", "REJECTED"),
+    e.UnsupportedEncodingError: ErrorStatus(415, "UNIMPLEMENTED", "REJECTED"),
     e.UnauthorizedError: ErrorStatus(401, "UNAUTHENTICATED", "REJECTED"),
     e.NotFoundError: ErrorStatus(404, "NOT_FOUND", "REJECTED"),
     e.UnavailableError: ErrorStatus(503, "UNAVAILABLE", "UNAVAILABLE"),

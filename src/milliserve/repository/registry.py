@@ -17,7 +17,7 @@ from typing import Any
 from milliserve.backends.registry import backend_for
 from milliserve.cache.response_cache import CacheFactory
 from milliserve.config.model_config import ModelConfig, config_path
-from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError
+from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError, shown
 from milliserve.llm.servable import GenerativeServable
 from milliserve.pipeline.ensemble import PipelineRuntime
 from milliserve.repository.repository import Repository
@@ -196,7 +196,7 @@ class ModelRegistry:
         entry = self._entries.get(name)
         if entry is None:
             known = f" (this server has {sorted(self._entries)})" if self.expose_names else ""
-            raise NotFoundError(f"unknown model {name!r}{known}")
+            raise NotFoundError(f"unknown model {shown(name)}{known}")
         if not entry.versions:
             why = f": {entry.reason}" if entry.reason else ""
             raise ModelNotReadyError(f"model {name!r} is not ready ({entry.state}{why})")
@@ -207,7 +207,8 @@ class ModelRegistry:
         rt = entry.versions.get(version)
         if rt is None:
             raise NotFoundError(
-                f"model {name!r} has no version {version!r} ready (serving {sorted(entry.versions, key=int)})"
+                f"model {name!r} has no version {shown(version)} ready "
+                f"(serving {sorted(entry.versions, key=int)})"
             )
         return rt
 

@@ -113,6 +113,15 @@ class DataPlane:
 
     # ---- repository ----
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Every model with its state. It lists the model names, so it answers only where the
+        repository API is on or names are exposed (``expose_model_names``); otherwise
+        ModelControlDisabledError, as load and unload."""
+        if not (self.model_control or self.registry.expose_names):
+            raise ModelControlDisabledError(
+                "cannot list the repository: the repository API is disabled; start the server with "
+                "--model-control-mode explicit (or set MILLISERVE_EXPOSE_MODEL_NAMES=true for a "
+                "read-only index)"
+            )
         return self.registry.index(ready_only)
 
     def _check_control(self, action: str, parameters: dict[str, Any]) -> None:

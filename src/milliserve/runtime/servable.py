@@ -53,6 +53,9 @@ class ServableRegistry(Protocol):
 
     def all_ready(self) -> list[Servable]: ...
 
+    # whether error messages and the index may list the models
+    expose_names: bool
+
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
 
     def is_loading(self) -> bool: ...

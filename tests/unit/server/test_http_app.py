@@ -178,6 +178,10 @@ def test_repository_api_is_off_by_default(repo: Path, run: Any) -> None:
         async with client(repo) as (c, _):
             r = await c.post("/v2/repository/models/add_sub/unload")
             assert r.status_code == 403 and "--model-control-mode explicit" in r.json()["error"]
+            # the index lists the models: behind the same switch, unless names are exposed
+            r = await c.post("/v2/repository/index")
+            assert r.status_code == 403 and "--model-control-mode explicit" in r.json()["error"]
+        async with client(repo, expose_model_names=True) as (c, _):
             assert (await c.post("/v2/repository/index")).json()[0]["state"] == "READY"
 
     run(main())
@@ -195,7 +199,7 @@ def test_model_that_fails_to_load_is_reported_and_the_others_serve(repo: Path, r
     )
 
     async def main() -> None:
-        async with client(repo) as (c, _):
+        async with client(repo, expose_model_names=True) as (c, _):
             index = {row["name"]: row for row in (await c.post("/v2/repository/index")).json()}
             assert index["add_sub"]["state"] == "READY"
             assert index["broken"]["state"] == "UNAVAILABLE" and "could not load" in index["broken"]["reason"]
@@ -279,7 +283,7 @@ def test_model_parameters_are_checked_and_inline_execution_serves(
     write_add_sub(tmp_path, name="typo", config=param.format(k="intra_op_threads", v="1"))
 
     async def main() -> None:
-        async with client(tmp_path) as (c, _):
+        async with client(tmp_path, expose_model_names=True) as (c, _):
             a = np.ones((2, 3), np.float32)
             np.testing.assert_allclose(
                 outputs(await c.post("/v2/models/inline/infer", json=infer_body(a, a)))["OUTPUT0"], 2 * a

@@ -21,6 +21,7 @@ from milliserve.errors import (
     RequestTooLargeError,
 )
 from milliserve.observability.timing import finish_stages
+from milliserve.protocol.compression import decompress
 from milliserve.protocol.json_codec import (
     decode_infer_request,
     decode_json_object,
@@ -160,7 +161,15 @@ class HttpApp:
             chunks.append(chunk)
             if not msg.get("more_body", False):
                 break
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        encoding = next((v for k, v in scope["headers"] if k == b"content-encoding"), None)
+        if encoding is None:
+            return body
+        name = encoding.decode("latin-1").strip().lower()
+        if len(body) > OFFLOAD_BODY_BYTES and self._offload is not None:
+            inflated: bytes = await self._offload(decompress, body, name, limit)
+            return inflated
+        return decompress(body, name, limit)
 
     def _too_large(self, what: str, declared: int | None, limit: int, json: bool) -> str:
         size = f" of {declared} bytes" if declared is not None else ""
