@@ -66,18 +66,43 @@ class HttpSettings(BaseModel):
 
 
 class GrpcSettings(BaseModel):
-    """The gRPC listener; each limit becomes a grpc core channel argument (server/grpc/options.py)."""
+    """The gRPC listener. ``stack``: milliserve's own HTTP/2 server (``native``, the
+    default: server/grpc/http2.py) or grpc.aio (``grpcio``, where each limit becomes a grpc
+    core channel argument, server/grpc/options.py; the limits marked native-only do not
+    apply there)."""
 
     model_config = ConfigDict(extra="forbid")
     enabled: bool = True
     port: int = Field(8001, ge=0, le=65535)
+    stack: Literal["native", "grpcio"] = "native"
     max_message_bytes: int = Field(32 * MiB, ge=1024)
     # all metadata (headers) of a call, as HTTP's max_header_bytes; more is refused
     max_metadata_bytes: int = Field(16 * 1024, ge=1024)
-    # concurrent calls on one HTTP/2 connection
-    max_concurrent_streams: int = Field(1000, ge=1)
+    # concurrent calls on one HTTP/2 connection; a client that opens more waits (grpc
+    # clients queue them), one that ignores the limit has the extra streams refused
+    max_concurrent_streams: int = Field(100, ge=1)
     # open connections; a quarter of the fd limit (HTTP has half)
     max_connections: int = Field(default_factory=lambda: _fd_share(4), ge=1)
+    # open connections from one client address (native only)
+    max_connections_per_peer: int = Field(256, ge=1)
+    # streams a client resets (or opens past the concurrency limit) in one second, and
+    # control frames (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, RST_STREAM, empty DATA or
+    # CONTINUATION) it sends in one second; past either, GOAWAY ENHANCE_YOUR_CALM and the
+    # connection is closed (Rapid Reset, CVE-2023-44487; floods, CVE-2019-9512/9515/9518)
+    # (native only)
+    max_resets_per_s: int = Field(200, ge=1)
+    max_control_frames_per_s: int = Field(10_000, ge=10)
+    # bytes of answers one connection may hold for a client that does not read them (a
+    # zero flow-control window, or a socket it does not read); past it, or after
+    # unread_timeout_s, the call is cancelled and counted (native only)
+    max_unread_bytes: int = Field(4 * MiB, ge=64 * 1024)
+    unread_timeout_s: float = Field(30.0, gt=0)
+    # from a unary call's headers to its whole request message (native only)
+    request_timeout_s: float = Field(30.0, gt=0)
+    # a connection older than this is sent GOAWAY (clients reconnect for their next call)
+    # and closed connection_age_grace_s later; 0: no limit (native only)
+    max_connection_age_s: float = Field(3600.0, ge=0)
+    connection_age_grace_s: float = Field(30.0, ge=0)
     # from TCP accept to the client's HTTP/2 settings; a connection that sends nothing is closed
     handshake_timeout_s: float = Field(10.0, gt=0)
     # a connection without calls for this long is sent GOAWAY (clients reconnect on their next call)

@@ -23,18 +23,21 @@ from prometheus_client import CollectorRegistry, generate_latest
 from milliserve.cache.response_cache import CacheFactory
 from milliserve.config.settings import Settings
 from milliserve.errors import ConfigError
+from milliserve.observability.grpc_metrics import GrpcListenerCollector
 from milliserve.observability.metrics import Metrics
 from milliserve.repository.registry import ModelRegistry
 from milliserve.repository.repository import Repository
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.runtime.executor import Executor
 from milliserve.server.auth import Auth
+from milliserve.server.grpc.http2 import Http2Limits
+from milliserve.server.grpc.native import NativeGrpcServer
 from milliserve.server.grpc.options import server_options
 from milliserve.server.grpc.servicer import CallCount, build_grpc_server
 from milliserve.server.http.app import HttpApp
 from milliserve.server.http.connection import ConnectionLimits, protocol_class
 from milliserve.server.http.edge_files import EdgeFiles
-from milliserve.server.listeners import HTTP, METRICS, WorkerSlot, bind_grpc, bind_tcp, inherited
+from milliserve.server.listeners import GRPC, HTTP, METRICS, WorkerSlot, bind_grpc, bind_tcp, inherited
 from milliserve.server.metrics_app import MetricsApp
 from milliserve.server.peers import Peers
 
@@ -94,6 +97,7 @@ class Server:
         )
         self._uvicorns: list[tuple[_Uvicorn, asyncio.Task[None]]] = []
         self._grpc: Any = None
+        self._grpc_sock: socket.socket | None = None  # the native stack's listening socket
         self._grpc_calls = CallCount()
 
     async def local_metrics(self) -> bytes:
@@ -164,18 +168,56 @@ class Server:
                 socks += [metrics] if metrics else []
             grpc_port = None
             if s.grpc.enabled:
-                options = server_options(s.grpc, shared=w is not None)
-                self._grpc = build_grpc_server(
-                    self.dataplane, s.grpc.max_message_bytes, self.auth, options, self._grpc_calls
-                )
                 port = w.grpc_port if w is not None and w.grpc_port is not None else s.grpc.port
-                grpc_port = bind_grpc(self._grpc, s.host, port, shared=w is not None)
+                if s.grpc.stack == "native":
+                    self._grpc_sock = bind_tcp(s.host, port, GRPC, shared=w is not None)
+                    socks.append(self._grpc_sock)
+                    grpc_port = self._grpc_sock.getsockname()[1]
+                    self._grpc = self._native_grpc()
+                else:
+                    options = server_options(s.grpc, shared=w is not None)
+                    self._grpc = build_grpc_server(
+                        self.dataplane, s.grpc.max_message_bytes, self.auth, options, self._grpc_calls
+                    )
+                    grpc_port = bind_grpc(self._grpc, s.host, port, shared=w is not None)
         except BaseException:
-            self._grpc = None
+            self._grpc = self._grpc_sock = None
             for sock in socks:
                 sock.close()
             raise
         return http, metrics, grpc_port
+
+    def _native_grpc(self) -> NativeGrpcServer:
+        g = self.settings.grpc
+        limits = Http2Limits(
+            max_concurrent_streams=g.max_concurrent_streams,
+            max_header_list_bytes=g.max_metadata_bytes,
+            max_message_bytes=g.max_message_bytes,
+            max_resets_per_s=g.max_resets_per_s,
+            max_control_frames_per_s=g.max_control_frames_per_s,
+            min_ping_interval_s=g.min_ping_interval_s,
+            max_ping_strikes=g.max_ping_strikes,
+            max_unread_bytes=g.max_unread_bytes,
+            unread_timeout_s=g.unread_timeout_s,
+            handshake_timeout_s=g.handshake_timeout_s,
+            idle_timeout_s=g.idle_timeout_s,
+            keepalive_time_s=g.keepalive_time_s,
+            keepalive_timeout_s=g.keepalive_timeout_s,
+            max_connection_age_s=g.max_connection_age_s,
+            connection_age_grace_s=g.connection_age_grace_s,
+            request_timeout_s=g.request_timeout_s,
+        )
+        server = NativeGrpcServer(
+            self.dataplane,
+            limits,
+            self.executor.offload,
+            self.auth,
+            self._grpc_calls,
+            g.max_connections,
+            g.max_connections_per_peer,
+        )
+        self.prometheus_registry.register(GrpcListenerCollector(server.figures))
+        return server
 
     async def start(self) -> None:
         """Open the ports, then load the models (health/live answers while they load)."""
@@ -197,7 +239,10 @@ class Server:
             await self._start_uvicorn(
                 self._uvicorn(self.http_app(), limits, s.shutdown_grace_s), http_sock, "http"
             )
-        if self._grpc is not None:
+        if isinstance(self._grpc, NativeGrpcServer):
+            assert self._grpc_sock is not None
+            await self._grpc.start(self._grpc_sock)
+        elif self._grpc is not None:
             await self._grpc.start()
         if metrics_sock is not None:
             metrics_app = MetricsApp(self.metrics_text)
@@ -248,7 +293,9 @@ class Server:
         for server, task in self._uvicorns:
             server.should_exit = True
             waits.append(task)
-        if self._grpc is not None:
+        if isinstance(self._grpc, NativeGrpcServer):
+            waits.append(asyncio.ensure_future(self._grpc.stop(grace)))
+        elif self._grpc is not None:
             waits.append(asyncio.ensure_future(self._stop_grpc(grace)))
         await asyncio.gather(*waits, return_exceptions=True)
         await self.registry.close()
@@ -258,7 +305,7 @@ class Server:
         log.info("stopped")
 
     async def _stop_grpc(self, grace: float, quiet_s: float = 0.2, settle_cap_s: float = 2.0) -> None:
-        """grpc.aio's stop cancels the calls it has received but not yet handed to the service:
+        """(grpcio stack) grpc.aio's stop cancels the calls it has received but not yet handed to the service:
         calls a client sent just before the signal. So first keep serving until no new call
         has started for ``quiet_s`` (at most ``settle_cap_s``), then stop with the grace."""
         loop = asyncio.get_running_loop()

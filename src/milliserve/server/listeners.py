@@ -71,14 +71,17 @@ def _bind_error(listener: Listener, host: str, port: int, exc: OSError) -> Confi
     return ConfigError(f"cannot listen on {host} port {port} for {listener.name}: {reason}")
 
 
-def bind_tcp(host: str, port: int, listener: Listener) -> socket.socket:
+def bind_tcp(host: str, port: int, listener: Listener, shared: bool = False) -> socket.socket:
     """A bound, listening, non-blocking socket on ``host:port`` (port 0: any free port).
+    ``shared``: with SO_REUSEPORT, for the workers of ``serve --workers N`` (gRPC).
 
     Raises ConfigError naming the port and the listener when it cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(BACKLOG)
         sock.setblocking(False)

@@ -1,8 +1,12 @@
-"""The OIP gRPC service (``inference.GRPCInferenceService``) over grpc.aio.
+"""The OIP gRPC service (``inference.GRPCInferenceService``): one servicer for both
+stacks, milliserve's own HTTP/2 listener (native.py, the default) and grpc.aio.
 
 Handlers are registered by hand under Triton's service name so that
 ``tritonclient.grpc`` and perf_analyzer reach them; see protocol/proto/oip.proto
-for why the proto package differs.
+for why the proto package differs. Every handler takes the request's raw bytes and
+parses them itself, so an undecodable message is INVALID_ARGUMENT (without internals)
+on both stacks, and a bad message inside ``ModelStreamInfer`` gets an error reply while
+the stream goes on.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from milliserve.config.model_config import config_to_proto
-from milliserve.errors import MilliserveError, ModelNotReadyError
+from milliserve.errors import MalformedRequestError, MilliserveError, ModelNotReadyError
 from milliserve.observability.timing import finish_stages
 from milliserve.protocol import grpc_codec
 from milliserve.protocol.proto import oip_pb2 as pb
@@ -25,7 +30,7 @@ from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth, Route
 from milliserve.status import status_of
 
-__all__ = ["SERVICE_NAME", "CallCount", "build_grpc_server", "grpc_error"]
+__all__ = ["SERVICE_NAME", "CallCount", "build_grpc_server", "grpc_error", "service_methods"]
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -125,7 +130,7 @@ class Servicer:
         await self.dp.unload_model(req.model_name, grpc_codec.parameters_from_proto(req.parameters))
         return pb.RepositoryModelUnloadResponse()
 
-    async def ModelStreamInfer(self, requests: AsyncIterator[Any], ctx: Any) -> AsyncIterator[Any]:
+    async def ModelStreamInfer(self, requests: AsyncIterator[bytes | None], ctx: Any) -> AsyncIterator[Any]:
         # Requests of one stream run concurrently (so they can share batches, up to
         # MAX_STREAM_INFLIGHT at once); responses go out as they complete, each carrying its
         # request id. A failed request is answered with error_message and never ends the stream.
@@ -134,8 +139,10 @@ class Servicer:
         finished: asyncio.Queue[Any] = asyncio.Queue()
         slots = asyncio.Semaphore(MAX_STREAM_INFLIGHT)
 
-        async def one(msg: Any) -> None:
+        async def one(raw: bytes | None) -> None:
+            msg = pb.ModelInferRequest()
             try:
+                msg = _parse(pb.ModelInferRequest, raw)
                 request = self._decode(msg, ctx)
                 async for response in self.dp.stream(request):
                     await finished.put(
@@ -179,14 +186,27 @@ class Servicer:
             reader.cancel()
 
 
+def _parse(cls: Any, raw: bytes | None) -> Any:
+    if raw is None:
+        raise MalformedRequestError(
+            f"the message is not a valid {cls.DESCRIPTOR.name} (it cannot be decoded)"
+        )
+    try:
+        return cls.FromString(raw)
+    except DecodeError:
+        raise MalformedRequestError(
+            f"the message is not a valid {cls.DESCRIPTOR.name} (it cannot be decoded)"
+        ) from None
+
+
 def _wrap_unary(
-    fn: Callable[[Any, Any], Awaitable[Any]], auth: Auth, route: Route, calls: CallCount
-) -> Callable[[Any, Any], Awaitable[Any]]:
-    async def handler(req: Any, ctx: Any) -> Any:
+    fn: Callable[[Any, Any], Awaitable[Any]], req_cls: Any, auth: Auth, route: Route, calls: CallCount
+) -> Callable[[bytes, Any], Awaitable[Any]]:
+    async def handler(raw: bytes, ctx: Any) -> Any:
         calls.started += 1
         try:
             auth.check_grpc(ctx.invocation_metadata(), route)
-            return await fn(req, ctx)
+            return await fn(_parse(req_cls, raw), ctx)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -194,10 +214,30 @@ def _wrap_unary(
         # Abort outside the except block, with the request dropped: the exception's traceback
         # holds the request's tensors, and an abort raised while it is being handled would
         # chain it (and keep that memory) for as long as gRPC keeps the abort.
-        del req
+        del raw
         await ctx.abort(code, message)
 
     return handler
+
+
+def service_methods(
+    dataplane: DataPlane, auth: Auth, calls: CallCount
+) -> dict[str, tuple[Callable[..., Any], Any, bool]]:
+    """Each method of the service by name: its handler (raw request bytes, or an iterator
+    of them for the stream, and a context), its response class, and whether it streams."""
+    servicer = Servicer(dataplane, auth, calls)
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    methods: dict[str, tuple[Callable[..., Any], Any, bool]] = {}
+    for method in service.methods:
+        resp_cls = getattr(pb, method.output_type.name)
+        fn = getattr(servicer, method.name)
+        if method.client_streaming:
+            methods[method.name] = (fn, resp_cls, True)
+        else:
+            req_cls = getattr(pb, method.input_type.name)
+            route: Route = "health" if method.name in _HEALTH else "api"
+            methods[method.name] = (_wrap_unary(fn, req_cls, auth, route, calls), resp_cls, False)
+    return methods
 
 
 def build_grpc_server(
@@ -207,26 +247,15 @@ def build_grpc_server(
     options: list[tuple[str, Any]] | None = None,
     calls: CallCount | None = None,
 ) -> grpc.aio.Server:
-    """A grpc.aio server with the inference service registered (not yet bound or started)."""
+    """A grpc.aio server with the inference service registered (not yet bound or started):
+    the ``grpc.stack: grpcio`` choice, kept to measure against and as a fallback."""
     auth = auth or Auth(None)
     calls = calls or CallCount()
-    servicer = Servicer(dataplane, auth, calls)
-    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers: dict[str, grpc.RpcMethodHandler] = {}
-    for method in service.methods:
-        req_cls = getattr(pb, method.input_type.name)
-        resp_cls = getattr(pb, method.output_type.name)
-        fn = getattr(servicer, method.name)
-        if method.client_streaming:
-            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                fn, request_deserializer=req_cls.FromString, response_serializer=resp_cls.SerializeToString
-            )
-        else:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(fn, auth, "health" if method.name in _HEALTH else "api", calls),
-                request_deserializer=req_cls.FromString,
-                response_serializer=resp_cls.SerializeToString,
-            )
+    for name, (fn, resp_cls, streaming) in service_methods(dataplane, auth, calls).items():
+        make = grpc.stream_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
+        # no request deserializer: the handlers parse (and refuse) the bytes themselves
+        handlers[name] = make(fn, response_serializer=resp_cls.SerializeToString)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),

@@ -1,0 +1,789 @@
+"""A server-side HTTP/2 connection (RFC 9113, cleartext with prior knowledge), made for gRPC.
+
+grpcio could be made neither fast nor safe enough (docs/design.md, "gRPC on our own
+HTTP/2"): its Python server crosses from grpc core's threads to the event loop for every
+call, and its core cancels queued calls at random once more than
+``grpc.server.max_pending_requests`` wait for that loop (CVE-2023-44487's honest twin).
+This connection runs on the server's event loop, parses frames with ``struct``, decodes
+headers through a per-connection cache (hpack_decoder.py) and writes a unary answer
+(HEADERS, DATA, trailers) in one ``write``.
+
+Every limit is per connection and enforced from its first byte (not after the client
+acknowledges SETTINGS):
+- concurrent streams (SETTINGS_MAX_CONCURRENT_STREAMS; a stream past it is refused);
+- header list size, while decoding, and raw header bytes across CONTINUATION frames;
+- streams reset by the client per second (Rapid Reset), control frames per second
+  (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, RST_STREAM, empty DATA), and ping strikes:
+  past any of them the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed;
+- bytes held for answers the client does not read (a zero window, or a socket it does
+  not read): past ``max_unread_bytes``, or older than ``unread_timeout_s``, the stream is
+  reset and counted; a socket buffer past the limit closes the connection;
+- receive windows: the client may have at most one message's worth per stream and two per
+  connection in flight that the server has not taken up;
+- the handshake, idle connections, keepalive pings, and connection age.
+
+The gRPC layer (calls.py) sees a ``Stream`` per request and answers through ``respond``,
+``send`` and ``finish``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from milliserve.server.grpc.hpack_decoder import HeaderBlockTooLarge, HpackDecoder, HpackError
+
+__all__ = ["ConnectionStats", "Http2Limits", "Http2Protocol", "Stream", "StreamHandler"]
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
+    range(10)
+)
+END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, SETTINGS_TIMEOUT = 0, 1, 2, 3, 4
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 5, 6, 7, 8, 9
+ENHANCE_YOUR_CALM = 0xB
+MAX_WINDOW = 2**31 - 1
+DEFAULT_WINDOW = 65535
+_HEAD = struct.Struct(">BHBBL")  # length (24 bits as 8 + 16), type, flags, stream id
+# the largest frame the server takes (SETTINGS_MAX_FRAME_SIZE): fewer frames for big tensors
+MAX_FRAME = 1 << 20
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    n = len(payload)
+    return _HEAD.pack(n >> 16, n & 0xFFFF, kind, flags, stream_id) + payload
+
+
+@dataclass(frozen=True, slots=True)
+class Http2Limits:
+    """What one connection may hold or do; from ``GrpcSettings`` (config/settings.py)."""
+
+    max_concurrent_streams: int = 100
+    max_header_list_bytes: int = 16 * 1024
+    max_message_bytes: int = 32 * 1024 * 1024
+    max_resets_per_s: int = 200
+    max_control_frames_per_s: int = 10_000
+    min_ping_interval_s: float = 10.0
+    max_ping_strikes: int = 2
+    max_unread_bytes: int = 4 * 1024 * 1024
+    unread_timeout_s: float = 30.0
+    handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 300.0
+    keepalive_time_s: float = 60.0
+    keepalive_timeout_s: float = 20.0
+    max_connection_age_s: float = 0.0  # 0: no limit
+    connection_age_grace_s: float = 30.0
+    request_timeout_s: float = 30.0  # headers to the whole request of a unary call
+
+
+class ConnectionStats:
+    """What connections were stopped for; read by the metrics."""
+
+    __slots__ = ("goaway_calm", "protocol_errors", "refused_streams", "resets_received", "unread_cancelled")
+
+    def __init__(self) -> None:
+        self.goaway_calm = 0  # connections sent GOAWAY ENHANCE_YOUR_CALM (floods)
+        self.protocol_errors = 0
+        self.refused_streams = 0
+        self.resets_received = 0
+        self.unread_cancelled = 0  # streams reset because their answer was not read
+
+
+class Stream:
+    """One request stream. ``call`` belongs to the gRPC layer."""
+
+    __slots__ = (
+        "call",
+        "data",
+        "held_since",
+        "id",
+        "local_closed",
+        "opened",
+        "out",
+        "out_end",
+        "recv_window",
+        "remote_closed",
+        "send_window",
+        "started",
+        "waiter",
+    )
+
+    def __init__(self, stream_id: int, send_window: int, recv_window: int, now: float) -> None:
+        self.id = stream_id
+        self.send_window = send_window
+        self.recv_window = recv_window
+        self.data = bytearray()  # received, not yet taken as messages
+        self.out = bytearray()  # DATA payload waiting for the client's window
+        self.out_end: bytes | None = None  # trailers to send once ``out`` is sent
+        self.remote_closed = False
+        self.local_closed = False
+        self.started = False  # the response HEADERS went out
+        self.opened = now
+        self.held_since = 0.0
+        self.waiter: asyncio.Future[None] | None = None  # a sender waiting for the window
+        self.call: Any = None
+
+
+class StreamHandler(Protocol):
+    """The gRPC layer, as the connection sees it."""
+
+    def open(self, conn: Http2Protocol, stream: Stream, headers: list[tuple[bytes, bytes]]) -> None: ...
+    def refuse_headers(self, conn: Http2Protocol, stream: Stream, limit: int) -> None: ...
+    def data(self, conn: Http2Protocol, stream: Stream) -> None: ...
+    def reset(self, stream: Stream) -> None: ...
+
+
+class Http2Protocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(
+        self,
+        handler: StreamHandler,
+        limits: Http2Limits,
+        stats: ConnectionStats,
+        on_close: Callable[[Http2Protocol], None],
+    ) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.stats = stats
+        self._on_close = on_close
+        self.transport: Any = None
+        self.peer = ""
+        self.streams: dict[int, Stream] = {}
+        self._buf = bytearray()
+        self._preface = False
+        self._settings_seen = False
+        self._settings_acked = False
+        self._decoder = HpackDecoder()
+        self._last_id = 0  # the highest stream the client opened
+        self._headers_sid = 0  # a header block continues on this stream
+        self._header_block = bytearray()
+        self._header_flags = 0
+        self._header_overflow = False
+        self._header_skipped = 0
+        self._table_lost = False
+        # header bytes kept for one block; past this the block is refused without decoding
+        self._raw_header_cap = max(64 * 1024, 4 * limits.max_header_list_bytes)
+        self._peer_window = DEFAULT_WINDOW  # the client's initial stream window
+        self._peer_frame = 16384
+        self._send_window = DEFAULT_WINDOW  # the connection's
+        self._stream_recv = min(MAX_WINDOW, limits.max_message_bytes + 5)
+        self._conn_recv_size = min(MAX_WINDOW, 2 * self._stream_recv)
+        self._conn_recv = DEFAULT_WINDOW
+        self._conn_credit = 0  # bytes taken up, not yet given back with WINDOW_UPDATE
+        self._held = 0  # bytes of answers waiting for the client's window
+        self._window_start = 0.0
+        self._resets = 0
+        self._controls = 0
+        self._ping_strikes = 0
+        self._last_ping = 0.0
+        self._sent_data_since_ping = True
+        self._keepalive_sent = 0.0
+        self.goaway_sent = False
+        self._closing = False
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        now = self._loop.time()
+        self._born = now
+        self._last_recv = now
+        self._last_active = now
+        self._age_goaway_at = 0.0
+
+    # -- transport callbacks --------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # uvloop's is not an asyncio.Transport subclass
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if peer else ""
+        self.transport.set_write_buffer_limits(high=256 * 1024)
+        settings = struct.pack(
+            ">HLHLHLHLHL",
+            0x3, self.limits.max_concurrent_streams,  # MAX_CONCURRENT_STREAMS
+            0x4, self._stream_recv,  # INITIAL_WINDOW_SIZE
+            0x5, MAX_FRAME,  # MAX_FRAME_SIZE
+            0x6, self.limits.max_header_list_bytes,  # MAX_HEADER_LIST_SIZE
+            0x2, 0,  # ENABLE_PUSH
+        )  # fmt: skip
+        grow = struct.pack(">L", self._conn_recv_size - DEFAULT_WINDOW)
+        self._conn_recv = self._conn_recv_size
+        self.transport.write(frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, grow))
+        self._timer = self._loop.call_later(1.0, self._tick)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for stream in list(self.streams.values()):
+            self._drop(stream)
+        self.streams.clear()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+
+    def _write(self, data: bytes) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        t.write(data)
+        # a client that does not read its socket: what waits for it is bounded too
+        if self._paused and t.get_write_buffer_size() > self.limits.max_unread_bytes:
+            self.stats.unread_cancelled += len(self.streams)
+            t.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._last_recv = self._loop.time()
+        buf = self._buf
+        buf += data
+        pos = 0
+        if not self._preface:
+            if len(buf) < len(PREFACE):
+                if not PREFACE.startswith(bytes(buf)):
+                    self._abort()
+                return
+            if buf[: len(PREFACE)] != PREFACE:
+                self._abort()
+                return
+            self._preface = True
+            pos = len(PREFACE)
+        end = len(buf)
+        try:
+            while end - pos >= 9:
+                hi, lo, kind, flags, sid = _HEAD.unpack_from(buf, pos)
+                length = (hi << 16) | lo
+                if length > MAX_FRAME:
+                    raise _ConnectionError(FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+                if end - pos - 9 < length:
+                    break
+                payload = bytes(buf[pos + 9 : pos + 9 + length])
+                pos += 9 + length
+                self._frame(kind, flags, sid & MAX_WINDOW, payload)
+                if self._closing:
+                    return
+        except _ConnectionError as exc:
+            self._fail(exc.code, exc.reason)
+            return
+        del buf[:pos]
+
+    # -- frames ---------------------------------------------------------------------------
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+        if not self._settings_seen and kind != SETTINGS:
+            raise _ConnectionError(PROTOCOL_ERROR, "the first frame was not SETTINGS")
+        if self._headers_sid and kind != CONTINUATION:
+            raise _ConnectionError(PROTOCOL_ERROR, "a header block was interrupted")
+        if kind == DATA:
+            self._data(flags, sid, payload)
+        elif kind == HEADERS:
+            self._headers(flags, sid, payload)
+        elif kind == CONTINUATION:
+            self._continuation(flags, sid, payload)
+        else:
+            self._control()
+            if kind == RST_STREAM:
+                self._rst(sid, payload)
+            elif kind == SETTINGS:
+                self._settings(flags, sid, payload)
+            elif kind == PING:
+                self._ping(flags, sid, payload)
+            elif kind == WINDOW_UPDATE:
+                self._window_update(sid, payload)
+            elif kind == GOAWAY:
+                self._closing_by_peer()
+            elif kind == PRIORITY:
+                if len(payload) != 5:
+                    raise _ConnectionError(FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
+            elif kind == PUSH_PROMISE:
+                raise _ConnectionError(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+            # frames of unknown types are ignored (RFC 9113 §4.1), but counted above
+
+    def _count_window(self) -> None:
+        now = self._loop.time()
+        if now - self._window_start >= 1.0:
+            self._window_start = now
+            self._resets = 0
+            self._controls = 0
+
+    def _control(self) -> None:
+        self._count_window()
+        self._controls += 1
+        if self._controls > self.limits.max_control_frames_per_s:
+            raise _Calm(f"more than {self.limits.max_control_frames_per_s} control frames in a second")
+
+    def _settings(self, flags: int, sid: int, payload: bytes) -> None:
+        if sid != 0:
+            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            self._settings_acked = True
+            return
+        if len(payload) % 6:
+            raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
+        self._settings_seen = True
+        for i in range(0, len(payload), 6):
+            key, value = struct.unpack_from(">HL", payload, i)
+            if key == 0x4:
+                if value > MAX_WINDOW:
+                    raise _ConnectionError(FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self._peer_window
+                self._peer_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+            elif key == 0x5:
+                if not 16384 <= value <= 16777215:
+                    raise _ConnectionError(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value}")
+                self._peer_frame = value
+        self._write(frame(SETTINGS, ACK, 0))
+        if self._peer_window > 0:
+            self._flush_all()
+
+    def _ping(self, flags: int, sid: int, payload: bytes) -> None:
+        if sid != 0 or len(payload) != 8:
+            raise _ConnectionError(PROTOCOL_ERROR, "a malformed PING")
+        if flags & ACK:
+            self._keepalive_sent = 0.0
+            return
+        now = self._loop.time()
+        # as grpc core: a ping soon after another, with no answer data sent between them, is
+        # a strike; past max_ping_strikes the connection ends (ping floods, CVE-2019-9512)
+        if not self._sent_data_since_ping and now - self._last_ping < self.limits.min_ping_interval_s:
+            self._ping_strikes += 1
+            if self._ping_strikes > self.limits.max_ping_strikes:
+                raise _Calm("too many pings")
+        elif self._sent_data_since_ping:
+            self._ping_strikes = 0
+        self._last_ping = now
+        self._sent_data_since_ping = False
+        self._write(frame(PING, ACK, 0, payload))
+
+    def _window_update(self, sid: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
+        inc = struct.unpack(">L", payload)[0] & MAX_WINDOW
+        if sid == 0:
+            if inc == 0:
+                raise _ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self._send_window += inc
+            if self._send_window > MAX_WINDOW:
+                raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window past 2^31-1")
+            self._flush_all()
+            return
+        stream = self.streams.get(sid)
+        if stream is None:
+            return
+        if inc == 0:
+            self._reset(stream, PROTOCOL_ERROR)
+            return
+        stream.send_window += inc
+        if stream.send_window > MAX_WINDOW:
+            self._reset(stream, FLOW_CONTROL_ERROR)
+            return
+        self._flush(stream)
+
+    def _rst(self, sid: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
+        if sid == 0:
+            raise _ConnectionError(PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        self.stats.resets_received += 1
+        self._resets += 1  # _control() has started this second's count
+        if self._resets > self.limits.max_resets_per_s:
+            raise _Calm(f"more than {self.limits.max_resets_per_s} streams reset in a second")
+        stream = self.streams.get(sid)
+        if stream is not None:
+            self._drop(stream)
+
+    def _closing_by_peer(self) -> None:
+        # the client goes away: finish what it asked for, take nothing new
+        if not self.streams:
+            self._close_soon()
+        else:
+            self.goaway_sent = True
+
+    def _data(self, flags: int, sid: int, payload: bytes) -> None:
+        n = len(payload)
+        self._conn_recv -= n
+        if self._conn_recv < 0:
+            raise _ConnectionError(FLOW_CONTROL_ERROR, "data past the connection window")
+        if flags & PADDED:
+            if not payload or payload[0] >= n:
+                raise _ConnectionError(PROTOCOL_ERROR, "bad padding")
+            pad = payload[0]
+            self.credit(None, pad + 1)
+            payload = payload[1 : n - pad]
+        stream = self.streams.get(sid)
+        if stream is None or stream.remote_closed:
+            if sid == 0 or sid > self._last_id or stream is not None:
+                raise _ConnectionError(STREAM_CLOSED if stream else PROTOCOL_ERROR, "DATA on a closed stream")
+            self.credit(None, len(payload))  # a stream reset or finished here: drop what comes
+            return
+        if not payload and not flags & END_STREAM:
+            self._control()  # empty DATA frames are a flood of their own (CVE-2019-9518)
+        stream.recv_window -= len(payload)
+        if stream.recv_window < 0:
+            self._reset(stream, FLOW_CONTROL_ERROR)
+            return
+        stream.data += payload
+        if flags & END_STREAM:
+            stream.remote_closed = True
+        self.handler.data(self, stream)
+
+    def _headers(self, flags: int, sid: int, payload: bytes) -> None:
+        if sid == 0 or not sid & 1:
+            raise _ConnectionError(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
+        n = len(payload)
+        start = 0
+        if flags & PADDED:
+            if not payload or payload[0] >= n:
+                raise _ConnectionError(PROTOCOL_ERROR, "bad padding")
+            start, n = 1, n - payload[0]
+        if flags & PRIORITY_FLAG:
+            start += 5
+        if start > n:
+            raise _ConnectionError(PROTOCOL_ERROR, "HEADERS too short")
+        self._header_block = bytearray()
+        self._header_flags = flags
+        self._header_overflow = False
+        self._headers_sid = sid
+        self._add_fragment(payload[start:n], flags)
+
+    def _add_fragment(self, fragment: bytes, flags: int) -> None:
+        if not fragment and not flags & END_HEADERS:
+            self._control()  # empty fragments: CONTINUATION floods (CVE-2024-27316)
+        if len(self._header_block) + len(fragment) > self._raw_header_cap:
+            # not kept: the stream is refused when the block ends (and the connection
+            # closes after, since the header table can no longer follow the client's)
+            self._header_overflow = True
+            self._header_block = bytearray()
+            self._header_skipped += len(fragment)
+            if self._header_skipped > 64 * self._raw_header_cap:
+                raise _Calm("an endless header block")
+        else:
+            self._header_block += fragment
+        if flags & END_HEADERS:
+            self._header_block_done()
+
+    def _continuation(self, flags: int, sid: int, payload: bytes) -> None:
+        if self._headers_sid != sid:
+            raise _ConnectionError(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+        self._add_fragment(payload, flags)
+
+    def _header_block_done(self) -> None:
+        sid = self._headers_sid
+        flags = self._header_flags
+        block = bytes(self._header_block)
+        self._headers_sid = 0
+        self._header_block = bytearray()
+        too_large = self._header_overflow
+        self._header_skipped = 0
+        headers: list[tuple[bytes, bytes]] = []
+        if too_large or self._table_lost:
+            self._table_lost = True  # no later block can be decoded: no new streams
+            self.goaway_sent = True
+        else:
+            try:
+                headers = self._decoder.decode(block, self.limits.max_header_list_bytes)
+            except HeaderBlockTooLarge:
+                too_large = True
+            except HpackError as exc:
+                raise _ConnectionError(COMPRESSION_ERROR, str(exc)) from None
+        existing = self.streams.get(sid)
+        if existing is not None:  # trailers from the client: the request ends here
+            if not flags & END_STREAM:
+                raise _ConnectionError(PROTOCOL_ERROR, "trailers without END_STREAM")
+            existing.remote_closed = True
+            self.handler.data(self, existing)
+            return
+        if sid <= self._last_id:
+            raise _ConnectionError(STREAM_CLOSED, f"HEADERS on closed stream {sid}")
+        self._last_id = sid
+        now = self._loop.time()
+        stream = Stream(sid, self._peer_window, self._stream_recv, now)
+        if flags & END_STREAM:
+            stream.remote_closed = True
+        if self._header_overflow:  # answered, then GOAWAY: this stream is the last one
+            self._header_overflow = False
+            self.streams[sid] = stream
+            self.handler.refuse_headers(self, stream, self.limits.max_header_list_bytes)
+            self._write(frame(GOAWAY, 0, 0, struct.pack(">LL", sid, NO_ERROR) + b"header block too large"))
+            if not self.streams:
+                self._close_soon()
+            return
+        if self.goaway_sent:
+            self._write(frame(RST_STREAM, 0, sid, struct.pack(">L", REFUSED_STREAM)))
+            return
+        if len(self.streams) >= self.limits.max_concurrent_streams:
+            # a client that ignores SETTINGS_MAX_CONCURRENT_STREAMS: refused, and counted
+            # with the resets, so that opening and dropping streams stays bounded
+            self.stats.refused_streams += 1
+            self._count_window()
+            self._resets += 1
+            self._write(frame(RST_STREAM, 0, sid, struct.pack(">L", REFUSED_STREAM)))
+            if self._resets > self.limits.max_resets_per_s:
+                raise _Calm("streams past the concurrency limit, again and again")
+            return
+        self.streams[sid] = stream
+        self._last_active = now
+        if too_large:
+            self.handler.refuse_headers(self, stream, self.limits.max_header_list_bytes)
+            return
+        self.handler.open(self, stream, headers)
+
+    # -- sending --------------------------------------------------------------------------
+    def credit(self, stream: Stream | None, n: int) -> None:
+        """``n`` received bytes were taken up: the client may send that many more."""
+        out = b""
+        self._conn_credit += n
+        if self._conn_credit >= self._conn_recv_size // 4:
+            out = frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", self._conn_credit))
+            self._conn_recv += self._conn_credit
+            self._conn_credit = 0
+        if stream is not None and not stream.remote_closed and n:
+            stream.recv_window += n
+            out += frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">L", n))
+        if out:
+            self._write(out)
+
+    def trailers_only(self, stream: Stream, block: bytes) -> None:
+        """An answer without a body (an error before any response): one HEADERS frame."""
+        self._write(frame(HEADERS, END_STREAM | END_HEADERS, stream.id, block))
+        self._sent_data_since_ping = True
+        self._local_close(stream)
+
+    def respond(self, stream: Stream, head: bytes, body: bytes, trailers: bytes) -> None:
+        """A whole answer: HEADERS, the body as DATA, trailers (as one write when the
+        client's windows allow)."""
+        if stream.local_closed:
+            return
+        stream.started = True
+        n = len(body)
+        if n <= stream.send_window and n <= self._send_window and n <= self._peer_frame and not stream.out:
+            stream.send_window -= n
+            self._send_window -= n
+            self._write(
+                frame(HEADERS, END_HEADERS, stream.id, head)
+                + frame(DATA, 0, stream.id, body)
+                + frame(HEADERS, END_STREAM | END_HEADERS, stream.id, trailers)
+            )
+            self._sent_data_since_ping = True
+            self._local_close(stream)
+            return
+        self._write(frame(HEADERS, END_HEADERS, stream.id, head))
+        stream.out_end = trailers
+        self._queue(stream, body)
+
+    def send(self, stream: Stream, head: bytes | None, body: bytes) -> None:
+        """One message of a streamed answer (``head`` with the first)."""
+        if stream.local_closed:
+            return
+        if head is not None and not stream.started:
+            stream.started = True
+            self._write(frame(HEADERS, END_HEADERS, stream.id, head))
+        self._queue(stream, body)
+
+    def finish(self, stream: Stream, trailers: bytes) -> None:
+        """The trailers of a streamed answer, after what is queued."""
+        if stream.local_closed:
+            return
+        stream.out_end = trailers
+        self._flush(stream)
+
+    async def writable(self, stream: Stream, limit: int = 256 * 1024) -> None:
+        """Wait while more than ``limit`` bytes of this stream's answer wait for its client."""
+        while len(stream.out) > limit and not stream.local_closed:
+            stream.waiter = self._loop.create_future()
+            await stream.waiter
+
+    def _queue(self, stream: Stream, body: bytes) -> None:
+        if body:
+            if not stream.out:
+                stream.held_since = self._loop.time()
+            stream.out += body
+            self._held += len(body)
+        self._flush(stream)
+        if self._held > self.limits.max_unread_bytes and stream.out:
+            self.stats.unread_cancelled += 1
+            self._reset(stream, CANCEL)
+
+    def _flush(self, stream: Stream) -> None:
+        out = stream.out
+        chunks: list[bytes] = []
+        while out:
+            n = min(len(out), stream.send_window, self._send_window, self._peer_frame)
+            if n <= 0:
+                break
+            chunks.append(frame(DATA, 0, stream.id, bytes(out[:n])))
+            del out[:n]
+            stream.send_window -= n
+            self._send_window -= n
+            self._held -= n
+        if not out:
+            stream.held_since = 0.0
+            if stream.out_end is not None:
+                chunks.append(frame(HEADERS, END_STREAM | END_HEADERS, stream.id, stream.out_end))
+        if chunks:
+            self._sent_data_since_ping = True
+            self._write(b"".join(chunks))
+        if not out and stream.out_end is not None:
+            self._local_close(stream)
+        elif stream.waiter is not None and not stream.waiter.done() and len(out) <= 256 * 1024:
+            stream.waiter.set_result(None)
+
+    def _flush_all(self) -> None:
+        for stream in list(self.streams.values()):
+            if stream.out or stream.out_end is not None:
+                self._flush(stream)
+            if self._send_window <= 0:
+                break
+
+    def _local_close(self, stream: Stream) -> None:
+        stream.local_closed = True
+        if stream.waiter is not None and not stream.waiter.done():
+            stream.waiter.set_result(None)
+        if not stream.remote_closed:
+            # answered before the request ended (an error): tell the client to stop sending
+            self._write(frame(RST_STREAM, 0, stream.id, struct.pack(">L", NO_ERROR)))
+            self.credit(None, len(stream.data))
+            stream.data.clear()
+        self.streams.pop(stream.id, None)
+        self._last_active = self._loop.time()
+        if self.goaway_sent and not self.streams:
+            self._close_soon()
+
+    def _reset(self, stream: Stream, code: int) -> None:
+        """Reset a stream from the server's side (and stop its call)."""
+        self._write(frame(RST_STREAM, 0, stream.id, struct.pack(">L", code)))
+        self._drop(stream)
+
+    def _drop(self, stream: Stream) -> None:
+        if stream.local_closed and stream.id not in self.streams:
+            return
+        self._held -= len(stream.out)
+        stream.out.clear()
+        self.credit(None, len(stream.data))
+        stream.data.clear()
+        stream.local_closed = stream.remote_closed = True
+        if stream.waiter is not None and not stream.waiter.done():
+            stream.waiter.set_result(None)
+        self.streams.pop(stream.id, None)
+        self.handler.reset(stream)
+        if self.goaway_sent and not self.streams:
+            self._close_soon()
+
+    # -- ending ---------------------------------------------------------------------------
+    def goaway(self, code: int = NO_ERROR, debug: bytes = b"") -> None:
+        """Take no new stream; with NO_ERROR the open ones finish first."""
+        if self.goaway_sent and code == NO_ERROR:
+            return
+        self.goaway_sent = True
+        self._write(frame(GOAWAY, 0, 0, struct.pack(">LL", self._last_id, code) + debug[:256]))
+        if code != NO_ERROR:
+            self._linger()
+        elif not self.streams:
+            self._close_soon()
+
+    def _linger(self) -> None:
+        """Close after an error without losing the GOAWAY: closing a socket with unread
+        bytes sends RST, and the client may then never read the GOAWAY. So stop reading
+        (a flooding client's writes block, costing nothing here), send FIN after what is
+        buffered, and abort two seconds later."""
+        self._closing = True
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        t.pause_reading()
+        if t.can_write_eof():
+            t.write_eof()
+        self._loop.call_later(2.0, t.abort)
+
+    def _close_soon(self) -> None:
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()  # after what is buffered is written
+
+    def _abort(self) -> None:
+        self._closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail(self, code: int, reason: str) -> None:
+        if code == ENHANCE_YOUR_CALM:
+            self.stats.goaway_calm += 1
+        else:
+            self.stats.protocol_errors += 1
+        for stream in list(self.streams.values()):
+            self._drop(stream)
+        self.goaway(code, reason.encode()[:200])
+
+    async def drain(self) -> None:
+        """Wait until the connection has closed (after a graceful ``goaway``)."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self._drained is None:
+            self._drained = self._loop.create_future()
+        await self._drained
+
+    def close(self) -> None:
+        """Stop now: the calls still running are cancelled."""
+        for stream in list(self.streams.values()):
+            self._drop(stream)
+        self._abort()
+
+    def _tick(self) -> None:
+        now = self._loop.time()
+        lim = self.limits
+        self._timer = self._loop.call_later(1.0, self._tick)
+        if not self._preface or not self._settings_seen:
+            if now - self._born > lim.handshake_timeout_s:
+                self._abort()
+            return
+        if not self._settings_acked and now - self._born > lim.handshake_timeout_s:
+            self._fail(SETTINGS_TIMEOUT, "SETTINGS not acknowledged")
+            return
+        if self._keepalive_sent and now - self._keepalive_sent > lim.keepalive_timeout_s:
+            self._abort()  # the peer vanished without a FIN
+            return
+        if not self._keepalive_sent and now - self._last_recv > lim.keepalive_time_s:
+            self._keepalive_sent = now
+            self._write(frame(PING, 0, 0, b"keepaliv"))
+        if not self.streams and now - self._last_active > lim.idle_timeout_s:
+            self.goaway(NO_ERROR, b"idle")
+        if lim.max_connection_age_s and now - self._born > lim.max_connection_age_s:
+            if not self.goaway_sent:
+                self._age_goaway_at = now
+                self.goaway(NO_ERROR, b"max connection age")
+            elif self._age_goaway_at and now - self._age_goaway_at > lim.connection_age_grace_s:
+                self.close()
+                return
+        for stream in list(self.streams.values()):
+            if stream.held_since and now - stream.held_since > lim.unread_timeout_s:
+                self.stats.unread_cancelled += 1
+                self._reset(stream, CANCEL)
+            elif (
+                not stream.remote_closed
+                and stream.call is not None
+                and stream.call.unary
+                and now - stream.opened > lim.request_timeout_s
+            ):
+                self._reset(stream, CANCEL)  # a unary request that never finishes arriving
+
+
+class _ConnectionError(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+
+
+class _Calm(_ConnectionError):
+    def __init__(self, reason: str) -> None:
+        super().__init__(ENHANCE_YOUR_CALM, reason)
