@@ -1,7 +1,10 @@
 """The attack suite against a real server: every hostile input of issue 10 gets its 4xx /
 INVALID_ARGUMENT (or, for the tokenizer, a truncated answer) within a bound, costs the
-server no lasting memory, and a well-behaved client keeps being answered meanwhile; then
-random requests (hypothesis) over HTTP and gRPC, none of which may get a 5xx.
+server no lasting memory, and well-behaved HTTP and gRPC clients keep being answered
+meanwhile; so does every hostile HTTP/2 client of issue 29 (Rapid Reset, zero windows,
+floods of control frames, endless header blocks, metadata floods, undecodable messages),
+each of which must end in the answer or GOAWAY listed in ``H2_ATTACKS``; then random
+requests (hypothesis) over HTTP and gRPC, none of which may get a 5xx.
 
 The bounds are loose on purpose (a loaded 2-core CI machine): the failures they catch
 were 40 s to 109 s freezes and gigabytes of RSS.
@@ -21,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from milliserve.bench.attacks import ATTACKS, Attack, AttackResult, Target, run_attacks
+from milliserve.bench.h2_attacks import H2_ATTACKS
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.testing import ServerProcess
 
@@ -44,11 +48,11 @@ def server(example_repo: Path) -> Iterator[ServerProcess]:
 def results(server: ServerProcess) -> dict[str, tuple[Attack, AttackResult]]:
     assert server.proc is not None
     target = Target("127.0.0.1", server.http_port, server.grpc_port, server.proc.pid)
-    found = run_attacks(target)
-    return {a.name: (a, r) for a, r in zip(ATTACKS, found, strict=True)}
+    found = run_attacks(target, ATTACKS + H2_ATTACKS)
+    return {a.name: (a, r) for a, r in zip(ATTACKS + H2_ATTACKS, found, strict=True)}
 
 
-@pytest.mark.parametrize("name", [a.name for a in ATTACKS])
+@pytest.mark.parametrize("name", [a.name for a in ATTACKS + H2_ATTACKS])
 def test_attack_is_refused_and_contained(results: dict[str, tuple[Attack, AttackResult]], name: str) -> None:
     attack, r = results[name]
     assert set(r.statuses) <= attack.expect, f"{name}: got {dict(r.statuses)}, expected {set(attack.expect)}"
@@ -56,6 +60,9 @@ def test_attack_is_refused_and_contained(results: dict[str, tuple[Attack, Attack
     assert r.good_failures == 0, f"{name}: {r.good_failures} good requests failed"
     assert r.good_requests > 0, f"{name}: the good client got no answer during the attack"
     assert r.good_worst_s < STALL_BOUND_S, f"{name}: a good request waited {r.good_worst_s:.1f} s"
+    assert r.grpc_failures == 0, f"{name}: {r.grpc_failures} good gRPC calls failed"
+    assert r.grpc_requests > 0, f"{name}: the good gRPC client got no answer during the attack"
+    assert r.grpc_worst_s < STALL_BOUND_S, f"{name}: a good gRPC call waited {r.grpc_worst_s:.1f} s"
     assert r.rss_growth < RSS_BOUND, f"{name}: RSS grew {r.rss_growth >> 20} MiB"
 
 

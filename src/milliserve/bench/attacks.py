@@ -14,6 +14,7 @@ Used by ``tests/e2e/test_attacks.py`` (assertions) and ``benchmarks/attack_suite
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import struct
 import threading
@@ -29,7 +30,7 @@ import orjson
 
 from milliserve.protocol.proto import oip_pb2 as pb
 
-__all__ = ["ATTACKS", "Attack", "AttackResult", "Target", "rss_bytes", "run_attacks"]
+__all__ = ["ATTACKS", "Attack", "AttackResult", "Target", "attack", "cpu_seconds", "rss_bytes", "run_attacks"]
 
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
 _STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -41,6 +42,12 @@ class Target:
     http_port: int
     grpc_port: int
     pid: int
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int:
@@ -285,8 +292,12 @@ class Attack:
     what: str = ""
 
 
-def _a(name: str, send: Callable[[Target], str], expect: set[str], repeat: int = 1) -> Attack:
+def attack(name: str, send: Callable[[Target], str], expect: set[str], repeat: int = 1) -> Attack:
+    """An entry of the catalogue; its description is the first line of ``send``'s docstring."""
     return Attack(name, send, frozenset(expect), repeat, (send.__doc__ or "").strip().split("\n")[0])
+
+
+_a = attack
 
 
 ATTACKS: tuple[Attack, ...] = (
@@ -323,16 +334,49 @@ class AttackResult:
     good_requests: int = 0
     good_failures: int = 0
     good_worst_s: float = 0.0
+    # the good gRPC client (one channel, a call every 100 ms)
+    grpc_requests: int = 0
+    grpc_failures: int = 0
+    grpc_worst_s: float = 0.0
+    cpu_s: float = 0.0  # the server's CPU time while the attack ran
 
     def ok(self, attack: Attack) -> bool:
-        return set(self.statuses) <= attack.expect and not self.good_failures
+        return set(self.statuses) <= attack.expect and not self.good_failures and not self.grpc_failures
+
+
+class _GrpcCaller:
+    """fraud_mlp over one gRPC channel that lives as long as the good client."""
+
+    def __init__(self, target: Target) -> None:
+        self.channel = grpc.insecure_channel(f"{target.host}:{target.grpc_port}")
+        self.call = self.channel.unary_unary(
+            _INFER,
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        self.msg = pb.ModelInferRequest(model_name="fraud_mlp")
+        inp = self.msg.inputs.add(name="features", datatype="FP32")
+        inp.shape.extend([1, 64])
+        self.msg.raw_input_contents.append(np.zeros((1, 64), np.float32).tobytes())
+
+    def __call__(self, target: Target) -> str:
+        try:
+            self.call(self.msg, timeout=30)
+        except grpc.RpcError as exc:
+            return exc.code().name  # type: ignore[no-any-return]
+        return "200"
 
 
 class _GoodClient:
-    """Calls fraud_mlp over and over; the slowest answer per window is what an attack cost it."""
+    """Calls fraud_mlp over and over (every ``interval_s``); the slowest answer per window
+    is what an attack cost it."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(
+        self, target: Target, call: Callable[[Target], str] | None = None, interval_s: float = 0.0
+    ) -> None:
         self.target = target
+        self.call = call or _fraud_row
+        self.interval_s = interval_s
         self.lock = threading.Lock()
         self.worst = 0.0
         self.count = 0
@@ -342,10 +386,10 @@ class _GoodClient:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self.stop.is_set():
+        while not self.stop.wait(self.interval_s):
             t0 = time.perf_counter()
             try:
-                status = _fraud_row(self.target)
+                status = self.call(self.target)
             except OSError:
                 status = "error"
             dt = time.perf_counter() - t0
@@ -374,16 +418,22 @@ def run_attacks(
 ) -> list[AttackResult]:
     """Run each attack (its repeats back to back) with a good client calling meanwhile."""
     good = _GoodClient(target)
+    good_grpc = _GoodClient(target, _GrpcCaller(target), 0.1)
     good.thread.start()
+    good_grpc.thread.start()
     results = []
     try:
-        good.answered_since(time.perf_counter())  # the good client is answered before anything starts
+        # the good clients are answered before anything starts
+        good.answered_since(time.perf_counter())
+        good_grpc.answered_since(time.perf_counter())
         for attack in attacks:
             if progress:
                 progress(attack.name)
             res = AttackResult(attack.name)
             before = rss_bytes(target.pid)
+            cpu_before = cpu_seconds(target.pid)
             good.window()
+            good_grpc.window()
             for _ in range(attack.repeat):
                 t0 = time.perf_counter()
                 try:
@@ -392,11 +442,16 @@ def run_attacks(
                     status = f"error: {exc!r}"
                 res.worst_s = max(res.worst_s, time.perf_counter() - t0)
                 res.statuses[status] += 1
-            good.answered_since(time.perf_counter())  # its request in flight then belongs here
-            res.good_requests, res.good_failures, res.good_worst_s = good.window()
+            res.cpu_s = cpu_seconds(target.pid) - cpu_before
             res.rss_growth = max(0, rss_bytes(target.pid) - before)
+            now = time.perf_counter()  # their requests in flight then belong here
+            good.answered_since(now)
+            good_grpc.answered_since(now)
+            res.good_requests, res.good_failures, res.good_worst_s = good.window()
+            res.grpc_requests, res.grpc_failures, res.grpc_worst_s = good_grpc.window()
             results.append(res)
     finally:
-        good.stop.set()
-        good.thread.join(timeout=120)
+        for client in (good, good_grpc):
+            client.stop.set()
+            client.thread.join(timeout=120)
     return results
