@@ -21,8 +21,7 @@ import numpy as np
 
 from milliserve.bench.attacks import Attack, Target, attack
 from milliserve.protocol.proto import oip_pb2 as pb
-from milliserve.server.grpc.hpack_decoder import HpackDecoder, literal
-from milliserve.server.grpc.http2 import (
+from milliserve.server.grpc.frames import (
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -35,6 +34,7 @@ from milliserve.server.grpc.http2 import (
     SETTINGS,
     frame,
 )
+from milliserve.server.grpc.hpack_decoder import HpackDecoder, literal
 
 __all__ = ["H2_ATTACKS", "RawH2"]
 

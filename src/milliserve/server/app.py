@@ -30,7 +30,7 @@ from milliserve.repository.repository import Repository
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.runtime.executor import Executor
 from milliserve.server.auth import Auth
-from milliserve.server.grpc.http2 import Http2Limits
+from milliserve.server.grpc.frames import Http2Limits
 from milliserve.server.grpc.native import NativeGrpcServer
 from milliserve.server.grpc.options import server_options
 from milliserve.server.grpc.servicer import CallCount, build_grpc_server

@@ -19,8 +19,9 @@ from urllib.parse import quote
 
 from milliserve.errors import MilliserveError, RequestTooLargeError
 from milliserve.protocol.compression import ENCODINGS, decompress
+from milliserve.server.grpc.frames import Stream
 from milliserve.server.grpc.hpack_decoder import literal
-from milliserve.server.grpc.http2 import Http2Protocol, Stream
+from milliserve.server.grpc.http2 import Http2Protocol
 
 __all__ = ["CallContext", "Dispatcher", "Method", "StatusError", "status_block"]
 

@@ -18,7 +18,8 @@ from typing import Any
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
 from milliserve.server.grpc.calls import Dispatcher, Method
-from milliserve.server.grpc.http2 import ENHANCE_YOUR_CALM, ConnectionStats, Http2Limits, Http2Protocol
+from milliserve.server.grpc.frames import ENHANCE_YOUR_CALM, ConnectionStats, Http2Limits
+from milliserve.server.grpc.http2 import Http2Protocol
 from milliserve.server.grpc.servicer import SERVICE_NAME, CallCount, service_methods
 
 __all__ = ["NativeGrpcServer"]
