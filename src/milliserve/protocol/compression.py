@@ -38,4 +38,6 @@ def decompress(data: bytes, encoding: str, limit: int) -> bytes:
         raise RequestTooLargeError(f"the decompressed body is over the limit of {limit} bytes")
     if not d.eof:
         raise MalformedRequestError(f"the {encoding} body is truncated")
+    if d.unused_data:
+        raise MalformedRequestError(f"the {encoding} body has {len(d.unused_data)} bytes after its end")
     return out

@@ -198,6 +198,7 @@ class Server:
             min_ping_interval_s=g.min_ping_interval_s,
             max_ping_strikes=g.max_ping_strikes,
             max_unread_bytes=g.max_unread_bytes,
+            max_buffered_bytes=max(g.max_buffered_bytes, g.max_message_bytes + 5),
             unread_timeout_s=g.unread_timeout_s,
             handshake_timeout_s=g.handshake_timeout_s,
             idle_timeout_s=g.idle_timeout_s,

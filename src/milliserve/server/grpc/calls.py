@@ -165,20 +165,26 @@ class Dispatcher:
         path = b""
         timeout = encoding = b""
         content_type = b""
+        method = b""
         for k, v in headers:
             if k == b":path":
                 path = v
+            elif k == b":method":
+                method = v
             elif k == b"grpc-timeout":
                 timeout = v
             elif k == b"grpc-encoding":
                 encoding = v
             elif k == b"content-type":
                 content_type = v
+        if method != b"POST":
+            conn.trailers_only(stream, _http_status(405))
+            return
         if not content_type.startswith(b"application/grpc"):
             conn.trailers_only(stream, _http_status(415))
             return
-        method = self.methods.get(path)
-        if method is None:
+        entry = self.methods.get(path)
+        if entry is None:
             shown = path.decode("latin-1")[:200]
             conn.trailers_only(stream, status_block(UNIMPLEMENTED, f"unknown method {shown}", True))
             return
@@ -201,12 +207,12 @@ class Dispatcher:
                 return
             deadline = asyncio.get_running_loop().time() + seconds
         self.on_call()
-        ctx = CallContext(headers, deadline, not method.streaming)
-        call = Call(conn, stream, method, ctx, enc)
+        ctx = CallContext(headers, deadline, not entry.streaming)
+        call = Call(conn, stream, entry, ctx, enc)
         stream.call = call
         if deadline is not None:
             call.timer = asyncio.get_running_loop().call_at(deadline, call.expire)
-        if method.streaming:
+        if entry.streaming:
             call.queue = asyncio.Queue()
             self._start(call, self._run_stream(call))
         if stream.remote_closed:
@@ -227,6 +233,7 @@ class Dispatcher:
                 )
                 return
             if len(buf) < 5 + length:
+                conn.want(stream, 5 + length - len(buf))  # a large message: grant its window
                 break
             message = bytes(buf[5 : 5 + length])
             del buf[: 5 + length]
@@ -261,7 +268,7 @@ class Dispatcher:
             if call.task is not None:
                 self._fail_early(call, UNIMPLEMENTED, "a unary call with more than one request message")
                 return
-            call.conn.credit(None, wire_bytes)
+            call.conn.consumed(call.stream, wire_bytes)
             self._start(call, self._run_unary(call, message, compressed))
         else:
             assert call.queue is not None
@@ -334,7 +341,7 @@ class Dispatcher:
                 yield None  # the stream ended inside a message
                 continue
             compressed = wire < 0
-            call.conn.credit(call.stream, -wire - 1 if compressed else wire)
+            call.conn.consumed(call.stream, -wire - 1 if compressed else wire)
             if compressed:
                 try:
                     message = await self._decompress(call, message)
@@ -378,6 +385,6 @@ def _timeout(value: bytes) -> float | None:
     text = value.decode("latin-1")
     unit = _TIMEOUT_UNITS.get(text[-1:])
     digits = text[:-1]
-    if unit is None or not digits.isdigit() or len(digits) > 8:
+    if unit is None or not digits.isascii() or not digits.isdigit() or len(digits) > 8:
         return None
     return int(digits) * unit

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "ConnectionStats",
+    "GrantBudget",
     "Http2Limits",
     "Stream",
     "StreamHandler",
@@ -54,6 +55,7 @@ class Http2Limits:
     idle_timeout_s: float = 300.0
     keepalive_time_s: float = 60.0
     keepalive_timeout_s: float = 20.0
+    max_buffered_bytes: int = 512 * 1024 * 1024  # window granted past the first 64 KiB, all connections
     max_connection_age_s: float = 0.0  # 0: no limit
     connection_age_grace_s: float = 30.0
     request_timeout_s: float = 30.0  # headers to the whole request of a unary call
@@ -78,6 +80,7 @@ class Stream:
     __slots__ = (
         "call",
         "data",
+        "granted",
         "held_since",
         "id",
         "local_closed",
@@ -95,6 +98,7 @@ class Stream:
         self.id = stream_id
         self.send_window = send_window
         self.recv_window = recv_window
+        self.granted = 0  # window granted past the initial one for the message being received
         self.data = bytearray()  # received, not yet taken as messages
         self.out = bytearray()  # DATA payload waiting for the client's window
         self.out_end: bytes | None = None  # trailers to send once ``out`` is sent
@@ -114,3 +118,23 @@ class StreamHandler(Protocol):
     def refuse_headers(self, conn: Any, stream: Stream, limit: int) -> None: ...
     def data(self, conn: Any, stream: Stream) -> None: ...
     def reset(self, stream: Stream) -> None: ...
+
+
+class GrantBudget:
+    """Receive window granted past each stream's first 64 KiB, for messages that announced a
+    larger size: bounded per connection and over all connections together, so partial
+    requests cannot fill the memory. A granted stream can always finish its message (it has
+    the window for all of it), so waiting for a grant never deadlocks."""
+
+    __slots__ = ("limit", "used", "waiting")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.waiting: set[Any] = set()  # connections with streams waiting for a grant
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        for conn in list(self.waiting):
+            self.waiting.discard(conn)
+            conn.retry_grants()

@@ -138,7 +138,9 @@ class HpackDecoder:
                 name, pos = _string(block, pos) if index == 0 else (self._get(index)[0], pos)
                 value, pos = _string(block, pos)
                 self._add(name, value)
-            elif first & 0x20:  # dynamic table size update
+            elif first & 0x20:  # dynamic table size update, only at the start of a block (§4.2)
+                if headers or over:
+                    raise HpackError("a table size update after a header field")
                 size, pos = _integer(block, pos, 5)
                 if size > self.max_table_size:
                     raise HpackError(f"table size update to {size} over the allowed {self.max_table_size}")

@@ -29,6 +29,7 @@ The gRPC layer (calls.py) sees a ``Stream`` per request and answers through ``re
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,7 @@ from milliserve.server.grpc.frames import (
     GOAWAY,
     HEAD,
     HEADERS,
+    INTERNAL_ERROR,
     MAX_FRAME,
     MAX_WINDOW,
     NO_ERROR,
@@ -65,12 +67,22 @@ from milliserve.server.grpc.frames import (
     STREAM_CLOSED,
     WINDOW_UPDATE,
     ConnectionStats,
+    GrantBudget,
     Http2Limits,
     Stream,
     StreamHandler,
     frame,
 )
 from milliserve.server.grpc.hpack_decoder import HeaderBlockTooLarge, HpackDecoder, HpackError
+
+log = logging.getLogger(__name__)
+
+# every stream may send this much before the server grants more (HTTP/2's default window): a
+# message larger than this asks for a grant when its 5-byte prefix arrives
+STREAM_WINDOW = DEFAULT_WINDOW
+# the connection window is given back as data arrives (memory is bounded per stream and by
+# the grants), so one stalled stream never stops the others
+CONN_WINDOW = 16 * 1024 * 1024
 
 __all__ = ["Http2Protocol"]
 
@@ -84,6 +96,7 @@ class Http2Protocol(asyncio.Protocol):
         limits: Http2Limits,
         stats: ConnectionStats,
         on_close: Callable[[Http2Protocol], None],
+        budget: GrantBudget | None = None,
     ) -> None:
         self.handler = handler
         self.limits = limits
@@ -109,10 +122,13 @@ class Http2Protocol(asyncio.Protocol):
         self._peer_window = DEFAULT_WINDOW  # the client's initial stream window
         self._peer_frame = 16384
         self._send_window = DEFAULT_WINDOW  # the connection's
-        self._stream_recv = min(MAX_WINDOW, limits.max_message_bytes + 5)
-        self._conn_recv_size = min(MAX_WINDOW, 2 * self._stream_recv)
+        self._stream_recv = STREAM_WINDOW
         self._conn_recv = DEFAULT_WINDOW
-        self._conn_credit = 0  # bytes taken up, not yet given back with WINDOW_UPDATE
+        self._conn_credit = 0  # bytes received, not yet given back with WINDOW_UPDATE
+        self._budget = budget or GrantBudget(limits.max_buffered_bytes)
+        self._granted = 0  # this connection's share of the grants
+        self._grant_limit = 2 * (limits.max_message_bytes + 5)
+        self._pending_grants: dict[Stream, int] = {}
         self._held = 0  # bytes of answers waiting for the client's window
         self._window_start = 0.0
         self._resets = 0
@@ -147,13 +163,14 @@ class Http2Protocol(asyncio.Protocol):
             0x6, self.limits.max_header_list_bytes,  # MAX_HEADER_LIST_SIZE
             0x2, 0,  # ENABLE_PUSH
         )  # fmt: skip
-        grow = struct.pack(">L", self._conn_recv_size - DEFAULT_WINDOW)
-        self._conn_recv = self._conn_recv_size
+        grow = struct.pack(">L", CONN_WINDOW - DEFAULT_WINDOW)
+        self._conn_recv = CONN_WINDOW
         self.transport.write(frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, grow))
         self._timer = self._loop.call_later(1.0, self._tick)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        self._budget.waiting.discard(self)
         if self._timer is not None:
             self._timer.cancel()
         for stream in list(self.streams.values()):
@@ -213,6 +230,10 @@ class Http2Protocol(asyncio.Protocol):
         except _ConnectionError as exc:
             self._fail(exc.code, exc.reason)
             return
+        except Exception:  # a bug: this connection ends, the others go on
+            log.exception("HTTP/2 connection from %s failed", self.peer)
+            self._fail(INTERNAL_ERROR, "internal error")
+            return
         del buf[:pos]
 
     # -- frames ---------------------------------------------------------------------------
@@ -238,8 +259,14 @@ class Http2Protocol(asyncio.Protocol):
             elif kind == WINDOW_UPDATE:
                 self._window_update(sid, payload)
             elif kind == GOAWAY:
+                if sid != 0:
+                    raise _ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
+                if len(payload) < 8:
+                    raise _ConnectionError(FRAME_SIZE_ERROR, "GOAWAY too short")
                 self._closing_by_peer()
             elif kind == PRIORITY:
+                if sid == 0:
+                    raise _ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
                 if len(payload) != 5:
                     raise _ConnectionError(FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
             elif kind == PUSH_PROMISE:
@@ -263,6 +290,8 @@ class Http2Protocol(asyncio.Protocol):
         if sid != 0:
             raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & ACK:
+            if payload:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             self._settings_acked = True
             return
         if len(payload) % 6:
@@ -277,6 +306,10 @@ class Http2Protocol(asyncio.Protocol):
                 self._peer_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise _ConnectionError(FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
+            elif key == 0x2 and value > 1:
+                raise _ConnectionError(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}")
             elif key == 0x5:
                 if not 16384 <= value <= 16777215:
                     raise _ConnectionError(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value}")
@@ -286,8 +319,10 @@ class Http2Protocol(asyncio.Protocol):
             self._flush_all()
 
     def _ping(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid != 0 or len(payload) != 8:
-            raise _ConnectionError(PROTOCOL_ERROR, "a malformed PING")
+        if sid != 0:
+            raise _ConnectionError(PROTOCOL_ERROR, "PING on a stream")
+        if len(payload) != 8:
+            raise _ConnectionError(FRAME_SIZE_ERROR, "PING of the wrong size")
         if flags & ACK:
             self._keepalive_sent = 0.0
             return
@@ -297,7 +332,7 @@ class Http2Protocol(asyncio.Protocol):
         if not self._sent_data_since_ping and now - self._last_ping < self.limits.min_ping_interval_s:
             self._ping_strikes += 1
             if self._ping_strikes > self.limits.max_ping_strikes:
-                raise _Calm("too many pings")
+                raise _Calm("too_many_pings")  # the text grpc clients back off on
         elif self._sent_data_since_ping:
             self._ping_strikes = 0
         self._last_ping = now
@@ -316,6 +351,8 @@ class Http2Protocol(asyncio.Protocol):
                 raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window past 2^31-1")
             self._flush_all()
             return
+        if sid > self._last_id:
+            raise _ConnectionError(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
         stream = self.streams.get(sid)
         if stream is None:
             return
@@ -331,8 +368,8 @@ class Http2Protocol(asyncio.Protocol):
     def _rst(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise _ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
-        if sid == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        if sid == 0 or sid > self._last_id:
+            raise _ConnectionError(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
         self.stats.resets_received += 1
         self._resets += 1  # _control() has started this second's count
         if self._resets > self.limits.max_resets_per_s:
@@ -353,21 +390,28 @@ class Http2Protocol(asyncio.Protocol):
         self._conn_recv -= n
         if self._conn_recv < 0:
             raise _ConnectionError(FLOW_CONTROL_ERROR, "data past the connection window")
+        self._conn_credit += n
+        if self._conn_credit >= CONN_WINDOW // 2:
+            self._write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", self._conn_credit)))
+            self._conn_recv += self._conn_credit
+            self._conn_credit = 0
         if flags & PADDED:
             if not payload or payload[0] >= n:
                 raise _ConnectionError(PROTOCOL_ERROR, "bad padding")
-            pad = payload[0]
-            self.credit(None, pad + 1)
-            payload = payload[1 : n - pad]
+            payload = payload[1 : n - payload[0]]
         stream = self.streams.get(sid)
         if stream is None or stream.remote_closed:
             if sid == 0 or sid > self._last_id or stream is not None:
                 raise _ConnectionError(STREAM_CLOSED if stream else PROTOCOL_ERROR, "DATA on a closed stream")
-            self.credit(None, len(payload))  # a stream reset or finished here: drop what comes
+            # a stream reset or finished here: what was on the wire is dropped, and counted
+            # (a few frames in flight are honest; a flood of them is not)
+            self._control()
             return
-        if not payload and not flags & END_STREAM:
-            self._control()  # empty DATA frames are a flood of their own (CVE-2019-9518)
-        stream.recv_window -= len(payload)
+        if len(payload) < 16 and not flags & END_STREAM:
+            # empty or tiny DATA frames are a flood of their own (CVE-2019-9518): a gRPC
+            # message alone is 5 bytes of prefix and more
+            self._control()
+        stream.recv_window -= n
         if stream.recv_window < 0:
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
@@ -393,18 +437,18 @@ class Http2Protocol(asyncio.Protocol):
         self._header_flags = flags
         self._header_overflow = False
         self._headers_sid = sid
+        if not n - start and not flags & END_HEADERS:
+            self._control()
         self._add_fragment(payload[start:n], flags)
 
     def _add_fragment(self, fragment: bytes, flags: int) -> None:
-        if not fragment and not flags & END_HEADERS:
-            self._control()  # empty fragments: CONTINUATION floods (CVE-2024-27316)
-        if len(self._header_block) + len(fragment) > self._raw_header_cap:
+        if self._header_overflow or len(self._header_block) + len(fragment) > self._raw_header_cap:
             # not kept: the stream is refused when the block ends (and the connection
             # closes after, since the header table can no longer follow the client's)
             self._header_overflow = True
             self._header_block = bytearray()
             self._header_skipped += len(fragment)
-            if self._header_skipped > 64 * self._raw_header_cap:
+            if self._header_skipped > 32 * self._raw_header_cap:
                 raise _Calm("an endless header block")
         else:
             self._header_block += fragment
@@ -414,6 +458,9 @@ class Http2Protocol(asyncio.Protocol):
     def _continuation(self, flags: int, sid: int, payload: bytes) -> None:
         if self._headers_sid != sid:
             raise _ConnectionError(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+        # every CONTINUATION counts as a control frame: an honest block needs one or two, and
+        # a flood of tiny ones would hold the loop (CVE-2024-27316)
+        self._control()
         self._add_fragment(payload, flags)
 
     def _header_block_done(self) -> None:
@@ -478,19 +525,53 @@ class Http2Protocol(asyncio.Protocol):
         self.handler.open(self, stream, headers)
 
     # -- sending --------------------------------------------------------------------------
-    def credit(self, stream: Stream | None, n: int) -> None:
-        """``n`` received bytes were taken up: the client may send that many more."""
-        out = b""
-        self._conn_credit += n
-        if self._conn_credit >= self._conn_recv_size // 4:
-            out = frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", self._conn_credit))
-            self._conn_recv += self._conn_credit
-            self._conn_credit = 0
-        if stream is not None and not stream.remote_closed and n:
-            stream.recv_window += n
-            out += frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">L", n))
-        if out:
-            self._write(out)
+    def want(self, stream: Stream, more: int) -> None:
+        """The stream's current message needs ``more`` bytes still: grant the window for
+        them, now if the budgets allow, or once other streams have finished theirs."""
+        need = more - stream.recv_window
+        if need <= 0 or stream.remote_closed or stream in self._pending_grants:
+            return
+        if self._granted + need <= self._grant_limit and self._budget.used + need <= self._budget.limit:
+            self._grant(stream, need)
+        else:
+            self._pending_grants[stream] = need
+            self._budget.waiting.add(self)
+
+    def _grant(self, stream: Stream, n: int) -> None:
+        stream.granted += n
+        stream.recv_window += n
+        self._granted += n
+        self._budget.used += n
+        self._write(frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">L", n)))
+
+    def retry_grants(self) -> None:
+        for stream, need in list(self._pending_grants.items()):
+            if stream.remote_closed or stream.id not in self.streams:
+                del self._pending_grants[stream]
+            elif self._granted + need <= self._grant_limit and self._budget.used + need <= self._budget.limit:
+                del self._pending_grants[stream]
+                self._grant(stream, need)
+            else:
+                self._budget.waiting.add(self)
+                return
+
+    def _release(self, stream: Stream, n: int) -> None:
+        n = min(n, stream.granted)
+        if n > 0:
+            stream.granted -= n
+            self._granted -= n
+            self._budget.release(n)
+            self.retry_grants()
+
+    def consumed(self, stream: Stream, n: int) -> None:
+        """A message of ``n`` bytes (prefix included) was taken up: its grant goes back to
+        the budgets, and a stream still sending gets its first window back."""
+        granted = min(n, stream.granted)
+        self._release(stream, granted)
+        restore = n - granted
+        if restore > 0 and not stream.remote_closed and not stream.local_closed:
+            stream.recv_window += restore
+            self._write(frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">L", restore)))
 
     def trailers_only(self, stream: Stream, block: bytes) -> None:
         """An answer without a body (an error before any response): one HEADERS frame."""
@@ -591,12 +672,20 @@ class Http2Protocol(asyncio.Protocol):
         if not stream.remote_closed:
             # answered before the request ended (an error): tell the client to stop sending
             self._write(frame(RST_STREAM, 0, stream.id, struct.pack(">L", NO_ERROR)))
-            self.credit(None, len(stream.data))
-            stream.data.clear()
+            stream.remote_closed = True
+        self._forget(stream)
         self.streams.pop(stream.id, None)
         self._last_active = self._loop.time()
         if self.goaway_sent and not self.streams:
             self._close_soon()
+
+    def _forget(self, stream: Stream) -> None:
+        """Let go of what a closed stream holds: its answer bytes, its request bytes, its grant."""
+        self._held -= len(stream.out)
+        stream.out.clear()
+        stream.data.clear()
+        self._pending_grants.pop(stream, None)
+        self._release(stream, stream.granted)
 
     def _reset(self, stream: Stream, code: int) -> None:
         """Reset a stream from the server's side (and stop its call)."""
@@ -606,11 +695,8 @@ class Http2Protocol(asyncio.Protocol):
     def _drop(self, stream: Stream) -> None:
         if stream.local_closed and stream.id not in self.streams:
             return
-        self._held -= len(stream.out)
-        stream.out.clear()
-        self.credit(None, len(stream.data))
-        stream.data.clear()
         stream.local_closed = stream.remote_closed = True
+        self._forget(stream)
         if stream.waiter is not None and not stream.waiter.done():
             stream.waiter.set_result(None)
         self.streams.pop(stream.id, None)

@@ -18,7 +18,7 @@ from typing import Any
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
 from milliserve.server.grpc.calls import Dispatcher, Method
-from milliserve.server.grpc.frames import ENHANCE_YOUR_CALM, ConnectionStats, Http2Limits
+from milliserve.server.grpc.frames import ENHANCE_YOUR_CALM, ConnectionStats, GrantBudget, Http2Limits
 from milliserve.server.grpc.http2 import Http2Protocol
 from milliserve.server.grpc.servicer import SERVICE_NAME, CallCount, service_methods
 
@@ -48,6 +48,7 @@ class NativeGrpcServer:
         }
         self.limits = limits
         self.stats = ConnectionStats()
+        self.budget = GrantBudget(limits.max_buffered_bytes)  # shared by every connection
         self.dispatcher = Dispatcher(methods, offload, limits.max_message_bytes, self._count)
         self.max_connections = max_connections
         self.max_per_peer = max_connections_per_peer
@@ -105,7 +106,7 @@ class _Tracked(Http2Protocol):
     """A connection that the server counts, in all and per peer address."""
 
     def __init__(self, server: NativeGrpcServer) -> None:
-        super().__init__(server.dispatcher, server.limits, server.stats, self._gone)
+        super().__init__(server.dispatcher, server.limits, server.stats, self._gone, server.budget)
         self._owner = server
         self._counted = False
 

@@ -138,6 +138,9 @@ class Servicer:
         self.auth.check_grpc(ctx.invocation_metadata(), "api")
         finished: asyncio.Queue[Any] = asyncio.Queue()
         slots = asyncio.Semaphore(MAX_STREAM_INFLIGHT)
+        # answers not yet taken by the transport: a client that reads none stops the
+        # requests being read (its request slots stay held), instead of answers piling up
+        unsent = asyncio.Semaphore(MAX_STREAM_INFLIGHT)
 
         async def one(raw: bytes | None) -> None:
             msg = pb.ModelInferRequest()
@@ -145,7 +148,8 @@ class Servicer:
                 msg = _parse(pb.ModelInferRequest, raw)
                 request = self._decode(msg, ctx)
                 async for response in self.dp.stream(request):
-                    await finished.put(
+                    await unsent.acquire()
+                    finished.put_nowait(
                         pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(response))
                     )
             except asyncio.CancelledError:
@@ -155,7 +159,8 @@ class Servicer:
                 failed = pb.ModelInferResponse(
                     id=msg.id, model_name=msg.model_name, model_version=msg.model_version
                 )
-                await finished.put(pb.ModelStreamInferResponse(error_message=message, infer_response=failed))
+                await unsent.acquire()
+                finished.put_nowait(pb.ModelStreamInferResponse(error_message=message, infer_response=failed))
             finally:
                 slots.release()
 
@@ -182,6 +187,7 @@ class Servicer:
         try:
             while (item := await finished.get()) is not None:
                 yield item
+                unsent.release()
         finally:
             reader.cancel()
 
