@@ -12,6 +12,7 @@ is asserted by tests/e2e/test_attacks.py.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import subprocess
 import tempfile
@@ -40,6 +41,14 @@ def main() -> None:
         results = run_attacks(target, CATALOGUE, progress=lambda n: print(n, flush=True))
         alive = srv.proc.poll() is None
         tracebacks = srv.logs().count("Traceback")
+    # the same HTTP/2 attacks against the grpc.aio stack (the one before issue 29), on a fresh
+    # server, for comparison
+    env = {**os.environ, "MILLISERVE_GRPC__STACK": "grpcio"}
+    with ServerProcess(repo, env=env) as srv:
+        assert srv.proc is not None
+        target = Target("127.0.0.1", srv.http_port, srv.grpc_port, srv.proc.pid)
+        before = run_attacks(target, H2_ATTACKS, progress=lambda n: print("grpcio:", n, flush=True))
+        before_alive = srv.proc.poll() is None
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     lines = [
         "## Attack suite: hostile input costs only its sender",
@@ -81,6 +90,24 @@ def main() -> None:
         f"{worst_rss:.1f} MiB; worst wait of a good client {worst_stall:.1f} ms; good calls failed or "
         f"cancelled: {lost}; server {'still serving' if alive else '**dead**'}, "
         f"{tracebacks} tracebacks in its log.",
+        "",
+        "### The HTTP/2 attacks against grpc.aio",
+        "",
+        "The same HTTP/2 attacks, same good clients, against a fresh server with "
+        "`MILLISERVE_GRPC__STACK=grpcio` (grpc.aio with every channel-argument limit milliserve "
+        "sets, the gRPC stack before issue 29), measured in the same run:",
+        "",
+        "| attack | answers | RSS growth MiB | server CPU s | good gRPC calls | failed | gRPC worst ms | "
+        "good HTTP requests | HTTP worst ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {a.name} | {', '.join(f'{k} ×{v}' for k, v in sorted(r.statuses.items()))} | "
+            f"{r.rss_growth / 2**20:.1f} | {r.cpu_s:.2f} | {r.grpc_requests} | {r.grpc_failures} | "
+            f"{r.grpc_worst_s * 1e3:.1f} | {r.good_requests} | {r.good_worst_s * 1e3:.1f} |"
+            for a, r in zip(H2_ATTACKS, before, strict=True)
+        ),
+        "",
+        f"grpc.aio server {'still serving' if before_alive else '**dead**'} after them.",
         "",
         "For comparison, issue 10 reported these against the earlier server (not measured by this "
         "script): freezes of 43 s (BYTES shape), 81 s (30 MB text) and 2.5 s (30 MB JSON), RSS "

@@ -1,13 +1,16 @@
 """gRPC against HTTP on one server, with Triton's own client (perf_analyzer) for both
-protocols (issue 23), and the two gRPC stacks side by side: milliserve's own HTTP/2
-listener (the default) and grpc.aio (``MILLISERVE_GRPC__STACK=grpcio``, the stack before
-issue 23). Writes the "grpc-road" section of docs/benchmarks.md.
+protocols (issue 23), the two gRPC stacks side by side (milliserve's own HTTP/2 listener,
+the default, and grpc.aio, ``MILLISERVE_GRPC__STACK=grpcio``, the stack before issue 23),
+and Triton itself (tritonserver 2.51 through nvidia-pytriton, fraud_mlp in its Python
+backend) with and without its dynamic batcher. Writes the "grpc-road" section of
+docs/benchmarks.md.
 
-    python benchmarks/grpc_road.py [--rounds 5] [--seconds 3]
+    python benchmarks/grpc_road.py [--rounds 5] [--seconds 1.5] [--no-triton]
 
-Two servers run the example fraud_mlp and minilm (native and grpcio gRPC, the same HTTP);
-perf_analyzer drives one (server, protocol) pair at a time, interleaved round by round
-(every variant once per round, model and concurrency). Run it alone: it measures CPU.
+The servers run the example fraud_mlp and minilm (Triton: fraud_mlp only); perf_analyzer
+drives one (server, protocol) pair at a time, interleaved round by round (every variant
+once per round, model and concurrency). PyTriton is installed into build/peers/venvs/pytriton
+on first use. Run it alone: it measures CPU.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
+import sysconfig
 import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +35,7 @@ from report_sections import write_section
 from server_overhead import cpu_description
 
 from milliserve.examples.build import build_examples
-from milliserve.testing import ServerProcess
+from milliserve.testing import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {
@@ -49,6 +58,67 @@ VARIANTS = (
     Variant("gRPC, milliserve's HTTP/2", "native", "grpc"),
     Variant("gRPC, grpc.aio", "grpcio", "grpc"),
 )
+TRITON = (
+    Variant("Triton (PyTriton) + batcher, HTTP", "triton", "http"),
+    Variant("Triton (PyTriton) + batcher, gRPC", "triton", "grpc"),
+    Variant("Triton (PyTriton), no batcher, HTTP", "triton-nb", "http"),
+    Variant("Triton (PyTriton), no batcher, gRPC", "triton-nb", "grpc"),
+)
+PYTRITON_VENV = ROOT / "build" / "peers" / "venvs" / "pytriton"
+
+
+@dataclass(frozen=True)
+class Ports:
+    http_url: str
+    grpc_url: str
+
+
+def pytriton_python() -> Path:
+    py = PYTRITON_VENV / "bin" / "python"
+    if not py.exists():
+        print(f"installing nvidia-pytriton into {PYTRITON_VENV} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(PYTRITON_VENV)], check=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "nvidia-pytriton==0.7.0", "onnxruntime", "numpy"],
+            check=True,
+        )
+    return py
+
+
+@contextmanager
+def triton(model: Path, batcher: bool) -> Iterator[Ports]:
+    """tritonserver through PyTriton; its libpython comes first on LD_LIBRARY_PATH
+    (shared/TRITON-PEER-NOTES.md). Ready when the model is."""
+    py = pytriton_python()
+    libdir = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip() or str(sysconfig.get_config_var("LIBDIR"))
+    env = {**os.environ, "LD_LIBRARY_PATH": libdir + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")}
+    http, grpc_port, metrics = free_port(), free_port(), free_port()
+    app = ROOT / "benchmarks" / "apps" / "pytriton_fraud.py"
+    cmd = [str(py), str(app), str(model), "--http-port", str(http), "--grpc-port", str(grpc_port)]
+    cmd += ["--metrics-port", str(metrics)] + ([] if batcher else ["--no-batcher"])
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/models/fraud_mlp/ready", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("Triton (PyTriton) did not start") from None
+                time.sleep(0.5)
+        yield Ports(f"127.0.0.1:{http}", f"127.0.0.1:{grpc_port}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def spread(values: list[float]) -> str:
@@ -58,7 +128,8 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--no-triton", action="store_true", help="leave Triton (PyTriton) out")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--quick", action="store_true", help="one short round to check the script; no report")
     args = ap.parse_args()
@@ -71,20 +142,28 @@ def main() -> None:
     ms = int(args.seconds * 1000)
     results: dict[tuple[str, str, int], list[tuple[float, float, float]]] = {}
     env_grpcio = {**os.environ, "MILLISERVE_GRPC__STACK": "grpcio"}
-    with ServerProcess(repo) as native, ServerProcess(repo, env=env_grpcio) as grpcio:
-        servers = {"native": native, "grpcio": grpcio}
+    variants = {m: VARIANTS + (TRITON if m == "fraud_mlp" and not args.no_triton else ()) for m in MODELS}
+    with ExitStack() as stack:
+        servers: dict[str, ServerProcess | Ports] = {
+            "native": stack.enter_context(ServerProcess(repo)),
+            "grpcio": stack.enter_context(ServerProcess(repo, env=env_grpcio)),
+        }
+        if not args.no_triton:
+            onnx = repo / "fraud_mlp" / "1" / "model.onnx"
+            servers["triton"] = stack.enter_context(triton(onnx, batcher=True))
+            servers["triton-nb"] = stack.enter_context(triton(onnx, batcher=False))
 
         def url(v: Variant) -> str:
             s = servers[v.server]
             return s.http_url if v.protocol == "http" else s.grpc_url
 
         for model, extra in MODELS.items():  # warm every road once
-            for v in VARIANTS:
+            for v in variants[model]:
                 pa_level(pa, env, url(v), model, 8, 1000, work / "warm.csv", "-i", v.protocol, *extra)
         for r in range(args.rounds):
             for model, extra in MODELS.items():
                 for level in LEVELS:
-                    for v in VARIANTS:
+                    for v in variants[model]:
                         print(f"round {r + 1}/{args.rounds} {model} c{level} {v.name}", flush=True)
                         out = work / "pa.csv"
                         got = pa_level(pa, env, url(v), model, level, ms, out, "-i", v.protocol, *extra)
@@ -112,6 +191,11 @@ def main() -> None:
         "intra-op thread; minilm FP32, batching (preferred 4/8, 2 ms), 2 intra-op threads, 32 tokens.",
         "- **Client:** perf_analyzer, `-i http` (binary tensor extension) or `-i grpc`, one "
         "connection (it multiplexes a gRPC channel; HTTP uses one connection per concurrent request).",
+        "- **Triton:** tritonserver 2.51 (C++ HTTP/gRPC front ends and scheduler) through "
+        "nvidia-pytriton 0.7.0, fraud_mlp in ONNX Runtime (1 thread) inside PyTriton's Python "
+        "backend (the wheel has no C++ onnxruntime backend), with its dynamic batcher (200 µs, "
+        "preferred 8/16, as milliserve's example) and without; up beside the other servers. "
+        "Not run for minilm.",
         "",
         "| model | variant | c | infer/s | spread | p50 µs | p99 µs | vs HTTP infer/s | vs HTTP p50 |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -119,7 +203,7 @@ def main() -> None:
     for model in MODELS:
         for level in LEVELS:
             http = VARIANTS[0].name
-            for v in VARIANTS:
+            for v in variants[model]:
                 rows = results[(model, v.name, level)]
                 rps, p50, p99 = (med(model, v.name, level, i) for i in range(3))
                 lines.append(

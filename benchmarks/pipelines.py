@@ -5,13 +5,15 @@
 - ``fraud`` (user id + transaction in; features from the in-process table, the join step,
   fraud_mlp, rules) against ``fraud_mlp`` called with the 64 features the client
   assembled itself;
-- ``sentiment`` (raw text in; Rust tokenizer, MiniLM, the head, rules) against ``minilm``
-  called with token ids the client computed (one model call, no head).
+- ``sentiment`` (raw text in; Rust tokenizer, the shipped MiniLM + head, rules) against
+  ``sentiment_model`` (the same model) called with the token ids the client computed with
+  the pipeline's own tokenizer.json (the same ids the server makes).
 
 `milliserve bench` over HTTP with JSON bodies (the same cases for both sides of a pair),
-closed loop at concurrency 1 and 8, the targets interleaved round by round. Then each
-pipeline's stages from /metrics (`milliserve budget report`). Writes the "pipelines"
-section of docs/benchmarks.md.
+closed loop at concurrency 1, 4, 8 and 16, the targets interleaved round by round; the
+capacity is the highest throughput of a level whose p99 stays within 50 ms (issue 23: a
+pipeline should keep ≥ 0.9× its model's). Then each pipeline's stages from /metrics
+(`milliserve budget report`). Writes the "pipelines" section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -26,14 +28,17 @@ from typing import Any
 import numpy as np
 from report_sections import bench_level, write_section
 from server_overhead import cpu_description
+from tokenizers import Tokenizer
 
 from milliserve.budget.report import budget_report
 from milliserve.examples.build import build_examples
 from milliserve.examples.fraud import USER_FEATURES
-from milliserve.examples.sentiment import splits, tokenize
+from milliserve.examples.sentiment import splits
 from milliserve.testing import ServerProcess
 
 CASES = 64
+LEVELS = (1, 4, 8, 16)
+P99_BOUND_MS = 50.0
 
 
 def _tensor(name: str, datatype: str, data: np.ndarray[Any, Any]) -> dict[str, Any]:
@@ -49,8 +54,15 @@ def bodies(repo: Path, work: Path) -> dict[str, Path]:
     users = [f"u{i:04d}" for i in rng.integers(0, len(table), CASES)]
     tx = (rng.normal(size=(CASES, 4)) * 1.5).astype(np.float32)
     texts = [t for t, _ in splits(200, 200)["eval"][:CASES]]
-    tokens = tokenize(texts, seq_len=48)
-    out: dict[str, list[dict[str, Any]]] = {"fraud": [], "fraud_mlp": [], "sentiment": [], "minilm": []}
+    tok = Tokenizer.from_file(str(repo / "sentiment" / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(64)  # the pipeline's max_length (examples/sentiment_pipeline.py)
+    out: dict[str, list[dict[str, Any]]] = {
+        "fraud": [],
+        "fraud_mlp": [],
+        "sentiment": [],
+        "sentiment_model": [],
+    }
     for i in range(CASES):
         uid = np.array([[users[i].encode()]], dtype=object)
         out["fraud"].append(
@@ -61,9 +73,9 @@ def bodies(repo: Path, work: Path) -> dict[str, Path]:
         out["sentiment"].append(
             {"inputs": [_tensor("TEXT", "BYTES", np.array([[texts[i].encode()]], dtype=object))]}
         )
-        n = int(tokens["attention_mask"][i].sum())  # what a client sends: its own tokens, unpadded
-        ids = tokens["input_ids"][i : i + 1, :n]
-        out["minilm"].append(
+        enc = tok.encode(texts[i])  # what a client sends: its own tokens, unpadded
+        ids = np.asarray([enc.ids], np.int64)
+        out["sentiment_model"].append(
             {
                 "inputs": [
                     _tensor("input_ids", "INT64", ids),
@@ -87,11 +99,11 @@ def main() -> None:
     repo = work / "repo"
     build_examples(repo)
     data = bodies(repo, work)
-    pairs = [("fraud", "fraud_mlp"), ("sentiment", "minilm")]
+    pairs = [("fraud", "fraud_mlp"), ("sentiment", "sentiment_model")]
     results: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with ServerProcess(repo) as server:
         for rnd in range(args.rounds):
-            for conc in (1, 8):
+            for conc in LEVELS:
                 for pipeline, model in pairs:
                     for target in (pipeline, model):  # A B A B
                         out = work / f"{target}-{conc}-{rnd}.json"
@@ -128,14 +140,35 @@ def main() -> None:
         "pipeline p50 ms | model p50 ms | pipeline p99 ms | model p99 ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def capacity(target: str) -> float:
+        ok = [med(target, c, "rps") for c in LEVELS if med(target, c, "p99") <= P99_BOUND_MS]
+        return max(ok, default=0.0)
+
     for pipeline, model in pairs:
-        for conc in (1, 8):
+        for conc in LEVELS:
             lines.append(
                 f"| {pipeline} | {model} | {conc} | {med(pipeline, conc, 'rps'):.0f} "
                 f"| {med(model, conc, 'rps'):.0f} "
                 f"| {med(pipeline, conc, 'p50'):.2f} | {med(model, conc, 'p50'):.2f} "
                 f"| {med(pipeline, conc, 'p99'):.2f} | {med(model, conc, 'p99'):.2f} |"
             )
+    lines += [
+        "",
+        f"Capacity (the best level with p99 ≤ {P99_BOUND_MS:g} ms) and p50 at one connection, the "
+        "pipeline against its model (issue 23's targets: ≥ 0.9× the capacity, p50 within +0.1 ms):",
+        "",
+        "| pipeline | model | pipeline capacity req/s | model capacity req/s | ratio | p50 at c=1, "
+        "pipeline minus model ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for pipeline, model in pairs:
+        cp, cm = capacity(pipeline), capacity(model)
+        ratio = cp / cm if cm else float("nan")
+        lines.append(
+            f"| {pipeline} | {model} | {cp:.0f} | {cm:.0f} | {ratio:.2f}× | "
+            f"{med(pipeline, 1, 'p50') - med(model, 1, 'p50'):+.2f} |"
+        )
     lines += [
         "",
         "Where each pipeline's time goes, over every request of the run (stage histograms from /metrics, "
