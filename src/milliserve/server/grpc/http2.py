@@ -142,6 +142,7 @@ class Http2Protocol(asyncio.Protocol):
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._close_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         now = self._loop.time()
         self._born = now
@@ -173,6 +174,8 @@ class Http2Protocol(asyncio.Protocol):
         self._budget.waiting.discard(self)
         if self._timer is not None:
             self._timer.cancel()
+        if self._close_timer is not None:
+            self._close_timer.cancel()
         for stream in list(self.streams.values()):
             self._drop(stream)
         self.streams.clear()
@@ -731,9 +734,26 @@ class Http2Protocol(asyncio.Protocol):
         self._loop.call_later(2.0, t.abort)
 
     def _close_soon(self) -> None:
+        """Close a second after a graceful GOAWAY, once no call is left: a client may have
+        sent a new call before it read the GOAWAY. Meanwhile such calls are refused
+        (REFUSED_STREAM, which clients retry on a new connection) rather than lost with the
+        socket."""
+        if self._close_timer is None and not self._closing:
+            self._close_timer = self._loop.call_later(1.0, self._finish_close)
+
+    def _finish_close(self) -> None:
+        """Close without a reset: closing a socket with bytes unread sends RST, and the
+        client would see 'connection reset' instead of the GOAWAY. So: FIN after what is
+        buffered, drop what still comes, and abort 2 s later if the client has not closed."""
         self._closing = True
-        if self.transport is not None:
-            self.transport.close()  # after what is buffered is written
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if not t.can_write_eof():
+            t.close()
+            return
+        t.write_eof()
+        self._loop.call_later(2.0, t.abort)
 
     def _abort(self) -> None:
         self._closing = True
