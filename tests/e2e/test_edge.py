@@ -5,6 +5,7 @@ blocked, still downloading, too slow, input over its limits) and the server must
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,6 +151,11 @@ def test_an_fp32_model_answers_exactly_as_the_server(
     shutil.copytree(example_repo / "sentiment", repo / "sentiment")
     shutil.copytree(example_repo / "sentiment_model", repo / "sentiment_model")
     shutil.copy(fp32_classifier(), repo / "sentiment_model" / "1" / "model.onnx")
+    # this test is about parity: the FP32 model needs about 50 ms a call on a loaded machine,
+    # so the pipeline's 50 ms budget (a 429 for the page's server calls) is taken out
+    config = repo / "sentiment" / "config.yaml"
+    config.write_text(re.sub(r"^budget:\n(?:  .*\n)+", "", config.read_text(), flags=re.M))
+    assert "p99_ms" not in config.read_text()
     done = edge_build(repo / "sentiment", tmp_path / "edge", "--name", "sentiment_fp32")
     assert done.returncode == 0, done.stderr
     with ServerProcess(repo, "--edge", str(tmp_path / "edge")) as proc:
