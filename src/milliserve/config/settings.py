@@ -86,10 +86,10 @@ class GrpcSettings(BaseModel):
     # open connections from one client address (native only)
     max_connections_per_peer: int = Field(256, ge=1)
     # streams a client resets (or opens past the concurrency limit) in one second, and
-    # control frames (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, RST_STREAM, empty DATA or
-    # CONTINUATION) it sends in one second; past either, GOAWAY ENHANCE_YOUR_CALM and the
-    # connection is closed (Rapid Reset, CVE-2023-44487; floods, CVE-2019-9512/9515/9518)
-    # (native only)
+    # control frames (SETTINGS, PING, PRIORITY, RST_STREAM, tiny DATA, CONTINUATION) it
+    # sends in one second (WINDOW_UPDATE apart, against ten times that); past either,
+    # GOAWAY ENHANCE_YOUR_CALM and the connection is closed (Rapid Reset, CVE-2023-44487;
+    # floods, CVE-2019-9512/9515/9518) (native only)
     max_resets_per_s: int = Field(200, ge=1)
     max_control_frames_per_s: int = Field(10_000, ge=10)
     # bytes of answers one connection may hold for a client that does not read them (a

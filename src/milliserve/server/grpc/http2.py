@@ -133,6 +133,7 @@ class Http2Protocol(asyncio.Protocol):
         self._window_start = 0.0
         self._resets = 0
         self._controls = 0
+        self._window_updates = 0
         self._ping_strikes = 0
         self._last_ping = 0.0
         self._sent_data_since_ping = True
@@ -251,6 +252,16 @@ class Http2Protocol(asyncio.Protocol):
             self._headers(flags, sid, payload)
         elif kind == CONTINUATION:
             self._continuation(flags, sid, payload)
+        elif kind == WINDOW_UPDATE:
+            # an honest client sends one for about every answer (10k a second at 8 threads of
+            # grpcio): counted apart, with ten times the control-frame budget
+            self._count_window()
+            self._window_updates += 1
+            if self._window_updates > 10 * self.limits.max_control_frames_per_s:
+                raise _Calm(
+                    f"more than {10 * self.limits.max_control_frames_per_s} WINDOW_UPDATE frames in a second"
+                )
+            self._window_update(sid, payload)
         else:
             self._control()
             if kind == RST_STREAM:
@@ -259,8 +270,6 @@ class Http2Protocol(asyncio.Protocol):
                 self._settings(flags, sid, payload)
             elif kind == PING:
                 self._ping(flags, sid, payload)
-            elif kind == WINDOW_UPDATE:
-                self._window_update(sid, payload)
             elif kind == GOAWAY:
                 if sid != 0:
                     raise _ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
@@ -282,6 +291,7 @@ class Http2Protocol(asyncio.Protocol):
             self._window_start = now
             self._resets = 0
             self._controls = 0
+            self._window_updates = 0
 
     def _control(self) -> None:
         self._count_window()
@@ -406,9 +416,11 @@ class Http2Protocol(asyncio.Protocol):
         if stream is None or stream.remote_closed:
             if sid == 0 or sid > self._last_id or stream is not None:
                 raise _ConnectionError(STREAM_CLOSED if stream else PROTOCOL_ERROR, "DATA on a closed stream")
-            # a stream reset or finished here: what was on the wire is dropped, and counted
-            # (a few frames in flight are honest; a flood of them is not)
-            self._control()
+            # a stream reset, refused or finished here: what was on the wire is dropped; tiny
+            # frames count as control frames, as on open streams (an honest client's DATA in
+            # flight after a refusal is a whole message, and a retry storm sends many)
+            if len(payload) < 16:
+                self._control()
             return
         if len(payload) < 16 and not flags & END_STREAM:
             # empty or tiny DATA frames are a flood of their own (CVE-2019-9518): a gRPC
