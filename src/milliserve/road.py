@@ -32,6 +32,7 @@ from milliserve.protocol.types import InferRequest, InferTensor
 
 __all__ = [
     "Around",
+    "BatchCall",
     "Call",
     "Handler",
     "Offload",
@@ -62,6 +63,24 @@ class Call:
     deadline: float | None = None
     batch_size: int = 1  # set by validation
     signature: Any = None  # requests with equal signatures may share a batch
+
+
+@dataclass(slots=True, eq=False)
+class BatchCall(Call):
+    """Several requests run as one (a pipeline's batch), their rows concatenated in order:
+    ``parts`` are their batch sizes. A step that tells a client something about its own rows
+    (features defaulted) writes it to that request's ``part_notes``; ``notes`` go to all."""
+
+    parts: tuple[int, ...] = ()
+    part_notes: list[dict[str, Any]] = field(default_factory=list)
+
+    def spans(self, per_row: int = 1) -> list[tuple[int, int]]:
+        """Each request's [start, end) of ``per_row`` elements per row."""
+        out, start = [], 0
+        for n in self.parts:
+            out.append((start, start + n * per_row))
+            start += n * per_row
+        return out
 
 
 class Stage(Protocol):

@@ -41,6 +41,7 @@ RUNTIME_PARAMETERS = frozenset(
     {
         "allow_nonfinite_inputs",
         "inline_execution",
+        "pipeline_batching",
         # test-only stalls (runtime/stall.py)
         "test_stall_ms",
         "test_stall_probability",

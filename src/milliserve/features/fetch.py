@@ -15,7 +15,7 @@ import numpy as np
 from milliserve.errors import InvalidInputError
 from milliserve.features.store import FeatureSet
 from milliserve.protocol.types import InferTensor
-from milliserve.road import Call, Tensors
+from milliserve.road import BatchCall, Call, Tensors
 
 __all__ = ["MAX_ENTITY_ID_BYTES", "FetchFeatures", "entity_ids"]
 
@@ -66,13 +66,23 @@ class FetchFeatures:
         self.name, self.stage, self.features = name, "features", features
         self.needs: tuple[str, ...] = (features.entity_input,) if features.entity_input else ()
         self.makes: tuple[str, ...] = (features.input,)
+        # ids read per row of a tensor can serve a batch of requests; one id in a request
+        # parameter cannot
+        self.rowwise = features.entity_input is not None
 
     async def run(self, tensors: Tensors, call: Call) -> None:
         f = self.features
         ids = entity_ids(f, tensors, call.request.parameters)
-        values, notes = await f.assemble(ids, deadline=call.deadline)
+        if isinstance(call, BatchCall):  # several clients' rows: each told of its own
+            values, unknown, unavailable = await f.assemble_rows(ids, deadline=call.deadline)
+            if unavailable or unknown.any():
+                per_row = len(ids) // max(sum(call.parts), 1)
+                for notes, (start, end) in zip(call.part_notes, call.spans(per_row), strict=True):
+                    notes.update(f.notes(int(unknown[start:end].sum()), unavailable))
+        else:
+            values, told = await f.assemble(ids, deadline=call.deadline)
+            call.notes.update(told)
         tensors[f.input] = InferTensor(f.input, "FP32", values.shape, values)
-        call.notes.update(notes)
 
     async def close(self) -> None:
         await self.features.close()

@@ -27,10 +27,25 @@ def server_timing(stages: dict[str, float], total_s: float) -> str:
             stages["serialize"] * 1e3,
             total_s * 1e3,
         )
-    parts = [f"{k};dur={stages[k] * 1e3:.3f}" for k in STAGES if k in stages]
-    parts += [f"{k};dur={v * 1e3:.3f}" for k, v in stages.items() if k not in STAGES]
-    parts.append(f"total;dur={total_s * 1e3:.3f}")
-    return ", ".join(parts)
+    keys = tuple(stages)
+    found = _TEMPLATES.get(keys)
+    if found is None:
+        found = _template(keys)
+    order, template = found
+    return template % (*(stages[k] * 1e3 for k in order), total_s * 1e3)
+
+
+# the header's format for each order of stage names seen (a pipeline's are the same on every
+# request), bounded: stage names come from the server's own code, never from clients
+_TEMPLATES: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
+
+
+def _template(keys: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    order = tuple(k for k in STAGES if k in keys) + tuple(k for k in keys if k not in STAGES)
+    template = "".join(f"{k.replace('%', '%%')};dur=%.3f, " for k in order) + "total;dur=%.3f"
+    if len(_TEMPLATES) < 256:
+        _TEMPLATES[keys] = (order, template)
+    return order, template
 
 
 def finish_stages(response: Any, decode_s: float, serialize_s: float, total_s: float) -> str:

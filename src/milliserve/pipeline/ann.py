@@ -56,6 +56,8 @@ def tensor_dim(config: ModelConfig, before: int, name: str, get_model: Any) -> i
 class AnnStep:
     """Searches ``config.index`` for the nearest neighbours of ``config.input``'s rows."""
 
+    rowwise = True  # every row searched on its own
+
     def __init__(
         self,
         name: str,

@@ -4,9 +4,10 @@ Its road is the model road's front half and a terminal that runs the steps:
 
     deadline → validate → [cache] → steps
 
-Model steps go through the models' own roads, so concurrent pipeline requests batch at
-each model, and the pipeline's deadline travels with them (a step that cannot make it
-is refused, HTTP 429, before it computes). The time of every step lands in the
+Requests to a pipeline whose steps are all row-wise share runs of the steps
+(``pipeline/batching.py``). Model steps go through the models' own roads, so concurrent
+pipeline requests batch at each model, and the pipeline's deadline travels with them (a
+step that cannot make it is refused, HTTP 429, before it computes). The time of every step lands in the
 request's Server-Timing stages: features, preprocess, the models' queue / infer /
 cache, ann (nearest-neighbour search), postprocess.
 """
@@ -25,10 +26,11 @@ from milliserve.features.fetch import FetchFeatures
 from milliserve.features.store import FeatureSet
 from milliserve.features.tokenize import TokenizerStep
 from milliserve.pipeline.ann import AnnStep, tensor_dim
+from milliserve.pipeline.batching import BatchedSteps, batching_wanted
 from milliserve.pipeline.cascade import CascadeStep
 from milliserve.pipeline.hedge import HedgedCall
 from milliserve.pipeline.steps import ModelCall, PythonCall, RulesStep
-from milliserve.road import Around, Call, Offload, Outputs, Stage, Step, Tensors, build_road
+from milliserve.road import Around, Call, Handler, Offload, Outputs, Stage, Step, Tensors, build_road
 from milliserve.runtime.servable import RoadServable
 from milliserve.runtime.stages import Deadline, Validate, cache_stage
 from milliserve.runtime.stats import ModelStats
@@ -171,7 +173,12 @@ class PipelineRuntime(RoadServable):
             Validate(self.io),
             *cache_stage(cache, self.stats, config.name, version),
         ]
-        self.road = build_road(stages, RunSteps(config.name, steps, outputs, self.stats))
+        run: Handler = RunSteps(config.name, steps, outputs, self.stats)
+        self.batched: BatchedSteps | None = None
+        if batching_wanted(config.parameters, config.max_batch_size, steps):
+            slots = max((s.instances() for s in steps if isinstance(s, ModelCall)), default=1)
+            run = self.batched = BatchedSteps(self.label, run, config.max_batch_size, slots)
+        self.road = build_road(stages, run)
 
     @classmethod
     async def load(
@@ -186,10 +193,14 @@ class PipelineRuntime(RoadServable):
         t0 = time.perf_counter()
         c = caches or CacheFactory()
         runtime = cls(config, version, build_steps(config, model_dir, get_model, c, offload), c)
+        if runtime.batched is not None:
+            await runtime.batched.start()
         runtime.stats.record_load(time.perf_counter() - t0, 0.0)
         return runtime
 
     async def close(self) -> None:
+        if self.batched is not None:  # what it holds finishes first
+            await self.batched.close()
         for step in self.steps:
             close = getattr(step, "close", None)
             if close is not None:

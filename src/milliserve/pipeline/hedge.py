@@ -103,6 +103,8 @@ def _spell(tensors: list[tuple[str, str, tuple[int, ...]]]) -> str:
 class HedgedCall(ModelCall):
     """A model step over replicas with hedged requests (see the module docstring)."""
 
+    rowwise = False  # a hedge is timed per request: one slow member would hedge the others
+
     def __init__(
         self,
         name: str,

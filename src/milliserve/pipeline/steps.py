@@ -32,6 +32,10 @@ class _Named:
     stage: str
     needs: tuple[str, ...]
     makes: tuple[str, ...]
+    # each row's outputs depend on that row alone, so requests may share a run
+    # (pipeline/batching.py); a python step's function is trusted to be so, as it already
+    # takes a client's batch
+    rowwise = True
 
 
 def tensor(name: str, data: np.ndarray[Any, Any]) -> InferTensor:
@@ -178,6 +182,10 @@ class ModelCall(_Named):
         asked = [*self.outputs, *(a for a in also if a not in self.outputs)]
         self._requested = [RequestedOutput(m) for m in asked]
         self._get = get
+
+    def instances(self) -> int:
+        """How many instances the step's model has now (1 for a servable without any)."""
+        return max(1, len(getattr(self._get(self.model, self.version), "instances", ())))
 
     def request(
         self, tensors: Tensors, call: Call, model: str = "", rows: np.ndarray[Any, Any] | None = None
