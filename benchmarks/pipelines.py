@@ -1,6 +1,6 @@
 """Pipelines against what a client would otherwise do itself, in one server, interleaved.
 
-    python benchmarks/pipelines.py [--seconds 5] [--rounds 2]
+    python benchmarks/pipelines.py [--seconds 4] [--rounds 5]
 
 - ``fraud`` (user id + transaction in; features from the in-process table, the join step,
   fraud_mlp, rules) against ``fraud_mlp`` called with the 64 features the client
@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 from report_sections import bench_level, write_section
 from server_overhead import cpu_description
@@ -92,8 +93,8 @@ def bodies(repo: Path, work: Path) -> dict[str, Path]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ms-pipelines-"))
     repo = work / "repo"
@@ -120,6 +121,14 @@ def main() -> None:
                         results.setdefault((target, conc), []).append(lv)
                         print(target, conc, rnd, f"{lv['throughput']:.0f} req/s")
         stages = {p: budget_report(server.http_url, p, server.metrics_url) for p, _ in pairs}
+        runs = {}  # requests per run of each pipeline's steps (pipeline/batching.py)
+        for p, _ in pairs:
+            st = httpx.get(f"http://{server.http_url}/v2/models/{p}/stats").json()["model_stats"][0]
+            runs[p] = st["inference_stats"]["success"]["count"] / max(st["execution_count"], 1)
+
+    def spread(target: str, conc: int) -> str:
+        vals = [lv["throughput"] for lv in results[(target, conc)]]
+        return f"{np.median(vals):.0f} ({min(vals):.0f}–{max(vals):.0f})"
 
     def med(target: str, conc: int, key: str) -> float:
         vals = [
@@ -136,7 +145,8 @@ def main() -> None:
         f"closed loop, {args.seconds:g} s per level after 1 s of warm-up, "
         f"{args.rounds} interleaved rounds, medians. fraud_mlp runs on 1 ORT thread, MiniLM on 2.",
         "",
-        "| pipeline | vs (client does the rest) | concurrency | pipeline req/s | model req/s | "
+        "| pipeline | vs (client does the rest) | concurrency | pipeline req/s (min–max) | "
+        "model req/s (min–max) | "
         "pipeline p50 ms | model p50 ms | pipeline p99 ms | model p99 ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -148,8 +158,8 @@ def main() -> None:
     for pipeline, model in pairs:
         for conc in LEVELS:
             lines.append(
-                f"| {pipeline} | {model} | {conc} | {med(pipeline, conc, 'rps'):.0f} "
-                f"| {med(model, conc, 'rps'):.0f} "
+                f"| {pipeline} | {model} | {conc} | {spread(pipeline, conc)} "
+                f"| {spread(model, conc)} "
                 f"| {med(pipeline, conc, 'p50'):.2f} | {med(model, conc, 'p50'):.2f} "
                 f"| {med(pipeline, conc, 'p99'):.2f} | {med(model, conc, 'p99'):.2f} |"
             )
@@ -169,6 +179,13 @@ def main() -> None:
             f"| {pipeline} | {model} | {cp:.0f} | {cm:.0f} | {ratio:.2f}× | "
             f"{med(pipeline, 1, 'p50') - med(model, 1, 'p50'):+.2f} |"
         )
+    lines += [
+        "",
+        "Requests per run of the pipeline's steps over the whole run (a row-wise pipeline's "
+        "concurrent requests share runs; a pipeline with a tokenizer runs once per request): "
+        + ", ".join(f"{p} {r:.2f}" for p, r in runs.items())
+        + ".",
+    ]
     lines += [
         "",
         "Where each pipeline's time goes, over every request of the run (stage histograms from /metrics, "
