@@ -103,7 +103,7 @@ def test_k_from_the_request_and_bad_k_is_a_400(server: ServerProcess) -> None:
     r = _infer(server, _body(["good morning"], k=3))
     assert r.status_code == 200, r.text
     assert {o["name"]: o["shape"] for o in r.json()["outputs"]}["ids"] == [1, 3]
-    for bad in (0, -1, 101, 2.5, "ten"):
+    for bad in (0, -1, 101, 2.5, "ten", None):  # null is refused, not read as the default
         r = _infer(server, _body(["good morning"], k=bad))
         assert r.status_code == 400, (bad, r.text)
         assert f"parameter 'k' is {bad!r}; this pipeline takes an integer from 1 to 100" in r.json()["error"]

@@ -250,6 +250,9 @@ ensemble_scheduling:
     for name, text in {
         "doubled": good,
         "missing_model": good.replace("doubled", "missing_model").replace("add_sub", "nothere"),
+        "missing_replica": good.replace("doubled", "missing_replica").replace(
+            "output_map: {OUTPUT0: y}}", "output_map: {OUTPUT0: y}, hedge: {replicas: [add_sub_b]}}"
+        ),
         "bad_function": good.replace("doubled", "bad_function").replace(
             "- {model_name",
             "- {python: {function: 'nowhere:fn', inputs: [x], outputs: [z]}}\n    - {model_name",
@@ -258,8 +261,9 @@ ensemble_scheduling:
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.yaml").write_text(text)
     # explicit mode, only the pipeline named: its model is loaded first, on its own
-    loads = [a for name in ("doubled", "missing_model", "bad_function") for a in ("--load-model", name)]
-    # lenient readiness: the server is ready although two pipelines failed (strict is the default)
+    names = ("doubled", "missing_model", "missing_replica", "bad_function")
+    loads = [a for name in names for a in ("--load-model", name)]
+    # lenient readiness: the server is ready although three pipelines failed (strict is the default)
     lenient = ("--strict-readiness", "false")
     with (
         ServerProcess(tmp_path, "--model-control-mode", "explicit", *loads, *lenient) as server,
@@ -274,6 +278,11 @@ ensemble_scheduling:
     assert index["missing_model"]["state"] == "UNAVAILABLE"
     assert "calls model 'nothere', which is not in the repository" in index["missing_model"]["reason"]
     assert "cannot import 'nowhere'" in index["bad_function"]["reason"]
+    reason = index["missing_replica"]["reason"]
+    assert (
+        "calls model 'add_sub_b' (step 1's hedge replica of 'add_sub'), which is not in the repository"
+        in reason
+    )
 
 
 def test_fraud_features_from_redis_wait_no_longer_than_their_budget(

@@ -65,6 +65,18 @@ ensemble_scheduling:
 
 FAST_SCALE, FULL_SCALE = 1.0, -2.0  # the full model answers a different function
 
+# the same cascade over a full model that stalls 3 s per batch: held by one request, it
+# cannot answer another within that one's deadline
+BUSY_FULL = """
+name: busy_full
+max_batch_size: 16
+dynamic_batching: {}
+parameters: {test_stall_ms: "3000", test_stall_probability: "1"}
+"""
+CASCADE_LATE = CASCADE.replace("name: cascade", "name: cascade_late").replace(
+    "full: full_clf", "full: busy_full"
+)
+
 
 def _write_classifier(repo: Path, name: str, scale: float) -> None:
     """probabilities = softmax(scale * x), label = argmax (x FP32 [batch, 2])."""
@@ -98,7 +110,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, write_add_sub: Any) -> Iter
         write_add_sub(repo, name=name, config=config, config_name="config.yaml", dims=("batch", 2))
     _write_classifier(repo, "fast_clf", FAST_SCALE)
     _write_classifier(repo, "full_clf", FULL_SCALE)
-    for name, text in (("hedged", HEDGED), ("cascade", CASCADE)):
+    _write_classifier(repo, "busy_full", FULL_SCALE)
+    (repo / "busy_full" / "config.yaml").write_text(BUSY_FULL)
+    for name, text in (("hedged", HEDGED), ("cascade", CASCADE), ("cascade_late", CASCADE_LATE)):
         (repo / name).mkdir()
         (repo / name / "config.yaml").write_text(text)
     with ServerProcess(repo) as proc:
@@ -192,6 +206,25 @@ def test_hedged_requests_take_the_first_answer_and_cancel_the_other(server: Serv
                 assert f.result().json()["outputs"][0]["data"] == [2.0, 2.0]
 
 
+def test_a_hedge_that_lost_is_not_a_failure_of_its_replica(server: ServerProcess, poll: Any) -> None:
+    """Whichever replica goes first, rep_a (stalled 2 s) is beaten by rep_b (0.2 s): its copy
+    is cancelled, and it counts that as a lost hedge, never as a CANCELED failure (the alert
+    a failure ratio would fire on a healthy hedged setup)."""
+
+    def lost() -> float:
+        return _metric(server, "milliserve_inference_hedge_lost_total", model="rep_a")
+
+    before = lost()
+    r = _alone(server, "hedged", [[1.0, 1.0]])
+    assert r.json()["parameters"]["answered_by"] == "rep_b"
+    poll.until(lambda: lost() > before, 30, "rep_a's losing copy counted as lost")
+    for replica in ("rep_a", "rep_b"):
+        failures = _metric(server, "milliserve_inference_request_failure_total", model=replica)
+        assert failures == 0, (replica, failures)
+        with httpx.Client() as c:
+            assert _stats(c, server, replica)["inference_stats"]["fail"]["count"] == 0
+
+
 def _softmax(z: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     e = np.exp(z - z.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)  # type: ignore[no-any-return]
@@ -221,3 +254,33 @@ def test_cascade_answers_confident_rows_fast_and_escalates_the_rest(server: Serv
     labels = {"model": "cascade", "step": "step 1 (cascade)"}
     assert _metric(server, "milliserve_pipeline_cascade_fast_rows_total", **labels) == 3
     assert _metric(server, "milliserve_pipeline_cascade_escalated_rows_total", **labels) == 2
+
+
+def test_a_cascade_whose_escalation_would_miss_the_deadline_answers_fast(
+    server: ServerProcess, poll: Any
+) -> None:
+    x = [[0.5, 0.0]]  # top probability 0.62 under the fast model: escalated
+    fast = _softmax(FAST_SCALE * np.array(x, np.float32))
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": x}]}
+    with ThreadPoolExecutor(1) as pool, httpx.Client() as c:
+        # one request holds busy_full's only instance for 3 s
+        blocker = pool.submit(_alone, server, "busy_full", [[1.0, 0.0]])
+        poll.until(lambda: _pending(server, "busy_full") >= 1, 30, "busy_full held")
+        before = _stats(c, server, "busy_full")["inference_count"]
+        r = c.post(
+            f"http://{server.http_url}/v2/models/cascade_late/infer",
+            json=body,
+            headers={"x-request-deadline-ms": "1500"},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text  # was a 429 although the fast model had answered
+        answer = r.json()
+        assert answer["parameters"]["answered_by"] == "fast_clf"
+        assert answer["parameters"]["escalation_skipped"] == "deadline"
+        out = {o["name"]: o["data"] for o in answer["outputs"]}
+        assert out["answered_by"] == ["fast_clf"]
+        np.testing.assert_allclose(np.array(out["probabilities"]).reshape(1, 2), fast, atol=1e-6)
+        blocker.result()
+        assert _stats(c, server, "busy_full")["inference_count"] - before == 1  # the blocker's only
+    labels = {"model": "cascade_late", "step": "step 1 (cascade)"}
+    assert _metric(server, "milliserve_pipeline_cascade_escalations_skipped_total", **labels) == 1

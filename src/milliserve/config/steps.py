@@ -279,6 +279,16 @@ class PipelineStep(Strict):
             return ()
         return (self.model_name, *(self.hedge.replicas if self.hedge is not None else ()))
 
+    def roles(self) -> tuple[tuple[str, str], ...]:
+        """(model, what it is to this step, "" for a plain model step) for the models this
+        step calls, for messages."""
+        if self.cascade is not None:
+            return ((self.cascade.fast, "cascade fast model"), (self.cascade.full, "cascade full model"))
+        if not self.model_name:
+            return ()
+        replicas = self.hedge.replicas if self.hedge is not None else ()
+        return ((self.model_name, ""), *((m, f"hedge replica of {self.model_name!r}") for m in replicas))
+
     @property
     def kind(self) -> str:
         return "model" if self.model_name else next(k for k in STEP_KINDS[1:] if getattr(self, k))

@@ -105,6 +105,15 @@ class TokenizerStep:
                         f"input {self.text_input!r} element {i} is {tokens} tokens long; this "
                         f"model takes at most {self.max_length} (tokenizer max_length)"
                     )
+        if not self.allow_empty:  # text of zero-width characters alone leaves no token
+            for i, e in enumerate(enc):
+                if not any(
+                    m and not sp for m, sp in zip(e.attention_mask, e.special_tokens_mask, strict=True)
+                ):
+                    raise InvalidInputError(
+                        f"input {self.text_input!r} element {i} has no text the tokenizer keeps; "
+                        "this model needs some text (tokenizer allow_empty: false)"
+                    )
         ids = np.array([e.ids for e in enc], dtype=np.int64)
         out = [InferTensor(self.ids, "INT64", ids.shape, ids)]
         if self.mask is not None:

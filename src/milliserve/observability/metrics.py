@@ -30,6 +30,8 @@ STEP_COUNTERS = {
     "requests were over their limit",
     "cascade_fast_rows": "Rows a cascade step answered from its fast model",
     "cascade_escalated_rows": "Rows a cascade step escalated to its full model",
+    "cascade_escalations_skipped": "Rows a cascade step answered from its fast model because the full "
+    "model would have missed the request's deadline",
 }
 
 
@@ -59,6 +61,11 @@ class Metrics(Collector):
         success = CounterMetricFamily(_P + "inference_request_success", "Successful requests", labels=_MV)
         failure = CounterMetricFamily(
             _P + "inference_request_failure", "Failed requests by reason", labels=[*_MV, "reason"]
+        )
+        hedge_lost = CounterMetricFamily(
+            _P + "inference_hedge_lost",
+            "Requests a hedged pipeline step cancelled because another replica answered first (not failures)",
+            labels=_MV,
         )
         count = CounterMetricFamily(_P + "inference_count", "Inferences performed (batch items)", labels=_MV)
         execs = CounterMetricFamily(_P + "inference_exec_count", "Backend executions (batches)", labels=_MV)
@@ -128,6 +135,8 @@ class Metrics(Collector):
                 cache_hist["hit"].add_metric(lv, _buckets(s.cache_hit_hist), s.cache_hit_hist.sum)
                 cache_hist["miss"].add_metric(lv, _buckets(s.cache_miss_hist), s.cache_miss_hist.sum)
             success.add_metric(lv, s.success.count)
+            if s.hedges_lost:
+                hedge_lost.add_metric(lv, s.hedges_lost)
             for reason, n in sorted(s.failures.items()):
                 failure.add_metric([*lv, reason], n)
             count.add_metric(lv, s.inference_count)
@@ -140,7 +149,18 @@ class Metrics(Collector):
             for name, (_, attr) in hists.items():
                 h: HistogramData = getattr(s, attr)
                 families[name].add_metric(lv, _buckets(h), h.sum)
-        yield from (success, failure, count, execs, pending, load, warmup, first, *families.values())
+        yield from (
+            success,
+            failure,
+            hedge_lost,
+            count,
+            execs,
+            pending,
+            load,
+            warmup,
+            first,
+            *families.values(),
+        )
         yield from (hits, misses, cache_errors, *cache_hist.values(), stage, cap, delay)
         yield from _steps([s for s in stats if s.step_counts])
         yield from _generation([s for s in stats if s.generation is not None])

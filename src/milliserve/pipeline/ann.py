@@ -86,9 +86,9 @@ class AnnStep:
         self._offload = offload
 
     def _k(self, parameters: dict[str, Any]) -> int:
-        k = parameters.get("k")
-        if k is None:
+        if "k" not in parameters:
             return self.k
+        k = parameters["k"]  # null is refused, not read as the default
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.max_k:
             raise InvalidInputError(
                 f"parameter 'k' is {k!r}; this pipeline takes an integer from 1 to {self.max_k}"

@@ -12,6 +12,12 @@ BYTES output ``answered_by`` [batch, 1] names the model that answered each row; 
 response parameter ``answered_by`` names it too (both, comma-separated, for a mixed
 batch). Each model's stages land in Server-Timing as a model step's do, and the
 pipeline's metrics count the rows answered fast and the rows escalated, per step.
+
+When the full model would miss the request's deadline (it refuses before computing), the
+escalated rows keep the fast model's answers: ``answered_by`` says so, the response
+parameter ``escalation_skipped`` is ``deadline``, and the rows are counted as
+``cascade_escalations_skipped``. An answer marked as the fast model's beats a 429 for a
+request that already has one.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from milliserve.config.steps import Cascade, PipelineStep
-from milliserve.errors import BackendError, ConfigError
+from milliserve.errors import BackendError, ConfigError, DeadlineUnmeetableError
 from milliserve.pipeline.hedge import same_io
 from milliserve.pipeline.steps import ModelCall, tensor
 from milliserve.protocol.types import InferTensor
@@ -93,7 +99,7 @@ class CascadeStep:
         if c.answered_by in self.fast.makes:
             raise ConfigError(f"{name}: cascade.answered_by {c.answered_by!r} is also a model output")
         self._names = np.array([c.fast.encode(), c.full.encode()], dtype=object)
-        self.counts = {"cascade_fast_rows": 0, "cascade_escalated_rows": 0}
+        self.counts = {"cascade_fast_rows": 0, "cascade_escalated_rows": 0, "cascade_escalations_skipped": 0}
 
     async def run(self, tensors: Tensors, call: Call) -> None:
         c = self.cascade
@@ -102,8 +108,17 @@ class CascadeStep:
         answers = {t.name: t for t in first.outputs}
         rows = escalated_rows(answers[c.probabilities].data, c.escalate_below)
         batch = int(np.asarray(answers[c.probabilities].data).shape[0])
+        second = None
         if len(rows):
-            second = await self.full.infer(self.full.request(tensors, call, rows=rows))
+            try:
+                second = await self.full.infer(self.full.request(tensors, call, rows=rows))
+            except DeadlineUnmeetableError:
+                # the full model cannot answer in time: the fast answer, said to be one, beats
+                # a 429 for a request the fast model has already answered
+                call.notes["escalation_skipped"] = "deadline"
+                self.counts["cascade_escalations_skipped"] += len(rows)
+                rows = rows[:0]
+        if second is not None:
             self.full.absorb(second, call)
             for t in second.outputs:
                 mine = answers[t.name]

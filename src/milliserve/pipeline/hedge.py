@@ -16,7 +16,9 @@ Hedges must never turn a load spike into a collapse: no copy goes to a replica t
 ``max_queue`` requests queued, nor while the step has ``max_inflight`` requests in
 flight. Such a hedge is counted as suppressed. The counts (``hedges_sent``,
 ``hedges_won``, ``hedges_suppressed``) are the pipeline's metrics per step, and the
-response parameter ``answered_by`` names the replica that answered.
+response parameter ``answered_by`` names the replica that answered. A replica counts the
+copies cancelled because another answered first as ``milliserve_inference_hedge_lost_total``,
+not as failures, so a failure-ratio alert stays quiet on a healthy hedged setup.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from milliserve.errors import ConfigError, MilliserveError, RequestError
 from milliserve.pipeline.steps import ModelCall
 from milliserve.protocol.types import InferResponse
 from milliserve.road import Call, Tensors
+from milliserve.runtime.servable import HEDGE_LOST
 
 __all__ = ["HedgedCall", "LatencyWindow", "same_io"]
 
@@ -168,7 +171,7 @@ class HedgedCall(ModelCall):
             self.inflight -= 1
             for task in copies:
                 if not task.done():
-                    task.cancel()
+                    task.cancel(HEDGE_LOST)  # counted by its replica as lost, not failed
                     self._losers.add(task)
                     task.add_done_callback(self._reap)
                 elif not task.cancelled():

@@ -137,19 +137,22 @@ class ModelRegistry:
             raise ConfigError(f"pipeline {name!r} calls itself through {sorted(self._resolving)}")
         self._resolving.add(name)
         try:
-            for dep in (m for step in config.ensemble_scheduling.step for m in step.models):
-                if dep in self._entries and self._entries[dep].versions:
-                    continue
-                try:
-                    await self.load(dep)
-                except NotFoundError:
-                    raise ConfigError(
-                        f"pipeline {name!r} calls model {dep!r}, which is not in the repository"
-                    ) from None
-                except (ConfigError, BackendError) as exc:
-                    raise ConfigError(
-                        f"pipeline {name!r} calls model {dep!r}, which failed to load: {exc.message}"
-                    ) from None
+            for i, step in enumerate(config.ensemble_scheduling.step, 1):
+                for dep, role in step.roles():
+                    if dep in self._entries and self._entries[dep].versions:
+                        continue
+                    # "model 'm_b' (step 2's hedge replica of 'm')"
+                    what = f"model {dep!r}" + (f" (step {i}'s {role})" if role else "")
+                    try:
+                        await self.load(dep)
+                    except NotFoundError:
+                        raise ConfigError(
+                            f"pipeline {name!r} calls {what}, which is not in the repository"
+                        ) from None
+                    except (ConfigError, BackendError) as exc:
+                        raise ConfigError(
+                            f"pipeline {name!r} calls {what}, which failed to load: {exc.message}"
+                        ) from None
         finally:
             self._resolving.discard(name)
         model_dir = self.repository.model_dir(name)

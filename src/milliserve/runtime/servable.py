@@ -8,6 +8,7 @@ generative model), found through a ``ServableRegistry``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
@@ -18,7 +19,10 @@ from milliserve.road import Call, Handler
 from milliserve.runtime.stats import ModelStats
 from milliserve.status import status_of
 
-__all__ = ["ClientInputs", "RoadServable", "Servable", "ServableRegistry", "model_metadata"]
+__all__ = ["HEDGE_LOST", "ClientInputs", "RoadServable", "Servable", "ServableRegistry", "model_metadata"]
+
+# the message a hedged step cancels its losing copies with: the replica counts them apart
+HEDGE_LOST = "hedge lost"
 
 # (name, datatype, dims) of what a client sends
 ClientInputs = list[tuple[str, str, tuple[int, ...]]]
@@ -83,7 +87,10 @@ class RoadServable:
         try:
             outputs = await self.road(call)
         except BaseException as exc:
-            self.stats.record_request(time.perf_counter_ns() - t0, status_of(exc).reason)
+            if isinstance(exc, asyncio.CancelledError) and exc.args[:1] == (HEDGE_LOST,):
+                self.stats.hedges_lost += 1  # not a failure: another replica answered first
+            else:
+                self.stats.record_request(time.perf_counter_ns() - t0, status_of(exc).reason)
             raise
         response = InferResponse(
             model_name=self.config.name,

@@ -119,6 +119,8 @@ class ModelStats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     failures: dict[str, int] = field(default_factory=dict)
+    # copies sent by a hedged pipeline step that another replica beat, cancelled: not failures
+    hedges_lost: int = 0
     queue: Duration = field(default_factory=Duration)
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)

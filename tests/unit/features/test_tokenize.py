@@ -91,3 +91,11 @@ def test_allow_empty_false_refuses_an_empty_or_blank_text(tmp_path: Path) -> Non
     for blank in (b"", b"  \t"):
         with pytest.raises(InvalidInputError, match=r"element 1 is empty; .*allow_empty: false"):
             _run(step, b"fine", blank)
+    # text the tokenizer drops entirely (zero-width characters, a control character) leaves
+    # only the special tokens: as empty as an empty string
+    for invisible in ("\u200b\u200b", "\u200d", "\u200b \ufeff", "\x00"):
+        with pytest.raises(
+            InvalidInputError, match=r"element 1 has no text the tokenizer keeps; .*allow_empty"
+        ):
+            _run(step, b"fine", invisible.encode())
+    _run(step, "caf\u00e9 \u200b".encode())  # visible text beside them is fine

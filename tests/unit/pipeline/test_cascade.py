@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from milliserve.config.steps import PipelineStep
-from milliserve.errors import ConfigError
+from milliserve.errors import BackendError, ConfigError, DeadlineUnmeetableError
 from milliserve.pipeline.cascade import CascadeStep, escalated_rows, merge_rows
 from milliserve.pipeline.steps import tensor
 from milliserve.protocol.types import InferRequest
@@ -70,7 +70,11 @@ def test_a_mixed_batch(models: Models) -> None:
     assert tensors["who"].data[:, 0].tolist() == [b"fast", b"full", b"fast", b"full"]
     assert len(full.requests) == 1  # the escalated rows, in one request
     assert full.requests[0].inputs[0].shape == (2, 2)
-    assert step.counts == {"cascade_fast_rows": 2, "cascade_escalated_rows": 2}
+    assert step.counts == {
+        "cascade_fast_rows": 2,
+        "cascade_escalated_rows": 2,
+        "cascade_escalations_skipped": 0,
+    }
     assert call.notes["answered_by"] == "fast,full"
     assert call.stages["infer"] == 0.0  # both models' stages (the fakes report their delay)
 
@@ -84,6 +88,25 @@ def test_confident_batches_never_reach_the_full_model(models: Models) -> None:
     assert "who" not in tensors
     _, call = _run(step, [[0.5, 0.5]])
     assert call.notes["answered_by"] == "full"
+
+
+def test_an_escalation_that_would_miss_the_deadline_keeps_the_fast_answer(models: Models) -> None:
+    fast = FakeModel("fast")
+    full = FakeModel("full", error=DeadlineUnmeetableError("request to model 'full' would miss its deadline"))
+    step = _step(models.add(fast, full), answered_by="who")
+    tensors, call = _run(step, [[0.9, 0.1], [0.6, 0.4]])
+    np.testing.assert_allclose(tensors["probabilities"].data, [[0.9, 0.1], [0.6, 0.4]])
+    assert tensors["who"].data[:, 0].tolist() == [b"fast", b"fast"]
+    assert call.notes == {"answered_by": "fast", "escalation_skipped": "deadline"}
+    assert step.counts == {
+        "cascade_fast_rows": 2,
+        "cascade_escalated_rows": 0,
+        "cascade_escalations_skipped": 1,
+    }
+    # any other failure of the full model is still the request's
+    full.error = BackendError("full: broken")
+    with pytest.raises(BackendError, match="broken"):
+        _run(step, [[0.6, 0.4]])
 
 
 def test_models_must_match_and_have_the_probabilities(models: Models) -> None:
