@@ -254,6 +254,34 @@ def oversized_body_http(t: Target) -> str:
     return reply.split(b" ")[1].decode() if reply.startswith(b"HTTP/1.1 ") else "closed"
 
 
+def disconnect_storm_http(t: Target) -> str:
+    """200 clients send a MiniLM request of 256 tokens each and leave without reading: the
+    server must not compute what nobody will read (the good clients wait behind it if it does)."""
+    n = 256
+    doc = {
+        "inputs": [
+            {"name": "input_ids", "shape": [1, n], "datatype": "INT64", "data": [101] * n},
+            {"name": "attention_mask", "shape": [1, n], "datatype": "INT64", "data": [1] * n},
+        ]
+    }
+    body = orjson.dumps(doc)
+    head = (
+        f"POST /v2/models/minilm/infer HTTP/1.1\r\nHost: {t.host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    clients = []
+    try:
+        for _ in range(200):
+            sock = socket.create_connection((t.host, t.http_port), timeout=30)
+            sock.sendall(head + body)
+            clients.append(sock)
+        time.sleep(0.05)  # the server reads them (and queues the requests)
+    finally:
+        for sock in clients:
+            sock.close()
+    return "left"
+
+
 def stream_with_a_bad_message_grpc(t: Target) -> str:
     """good, bad (shape overflow), good on one ModelStreamInfer: three answers, in order of
     completion, the bad one an error_message; 'OK' when the stream ended on its own."""
@@ -322,6 +350,7 @@ ATTACKS: tuple[Attack, ...] = (
     _a("1 MiB header", header_1mib_http, {"431"}),
     _a("Content-Length 400 MB", oversized_body_http, {"413"}),
     _a("stream: good, shape overflow, good (gRPC)", stream_with_a_bad_message_grpc, {"OK"}),
+    _a("200 MiniLM requests whose clients leave at once", disconnect_storm_http, {"left"}),
 )
 
 

@@ -8,6 +8,7 @@ request objects cost more than the whole tiny-model inference.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -31,7 +32,7 @@ from milliserve.protocol.json_codec import (
 from milliserve.road import Offload
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
-from milliserve.server.http.asgi import JSON_HEADER, Receive, Scope, Send
+from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE, JSON_HEADER, Receive, Scope, Send
 from milliserve.server.http.edge_files import EdgeFiles
 from milliserve.server.http.generate import GenerateRoutes
 from milliserve.status import status_of
@@ -111,6 +112,10 @@ class HttpApp:
                 await self.edge(scope, receive, send, parts)
                 return
             status, body, headers = await self._route(scope, receive)
+        except asyncio.CancelledError as exc:
+            if exc.args[:1] == (CLIENT_GONE,):  # its client is gone: nothing to answer, no error
+                return
+            raise
         except MilliserveError as exc:
             status = status_of(exc).http
             body, headers = encode_json({"error": exc.message}), [_JSON]
@@ -215,6 +220,7 @@ class HttpApp:
         if tail != ["infer"]:
             raise NotFoundError(f"no route for POST {scope['path']}")
         self.dp.model_ready(name, version)  # an unknown model is a 404 whatever the body says
+        scope[CANCEL_ON_DISCONNECT] = True  # a client that leaves takes its request with it
         arrived = time.perf_counter()
         header_len: int | None = None
         deadline: float | None = None

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
+from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from milliserve.protocol.json_codec import encode_json
+from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE
 
 __all__ = ["ConnectionLimits", "LimitedHttpToolsProtocol", "protocol_class"]
 
@@ -128,6 +130,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._deadline = math.inf
         self._timer: asyncio.TimerHandle | None = None
+        self._inflight: tuple[RequestResponseCycle, asyncio.Task[None]] | None = None
 
     # connection
 
@@ -147,7 +150,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        inflight = self._inflight
         super().connection_lost(exc)
+        if inflight is not None:
+            # nobody will read the answer: a route that asked for it stops computing it
+            cycle, task = inflight
+            if not cycle.response_complete and not task.done() and cycle.scope.get(CANCEL_ON_DISCONNECT):
+                task.cancel(CLIENT_GONE)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        # as uvicorn's (without its reset_contextvars option, which milliserve does not set),
+        # keeping the task of the request in flight
+        task = self.loop.create_task(cycle.run_asgi(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+        self._inflight = (cycle, task)
 
     def data_received(self, data: bytes) -> None:
         # as uvicorn's, with the head counted and without its keep-alive timer
