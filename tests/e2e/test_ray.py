@@ -42,7 +42,9 @@ model_warmup [ { name: "w" batch_size: 1 count: 40
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, **ray_env())
+    # a CI machine is a small, busy node: Serve's proxy may need more than its default 5 s to
+    # start (docs/deploy.md), and was killed and replaced mid-deploy under two CPU burners
+    return dict(os.environ, **ray_env(), RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="30")
 
 
 def _ray() -> str:

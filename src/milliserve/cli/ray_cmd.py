@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ def _ray_serve(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     ray.init(address=args.address, namespace="serve", log_to_driver=False)
-    serve.start(http_options={"host": args.host, "port": args.http_port})
+    _past_proxy_restarts(
+        console, lambda: serve.start(http_options={"host": args.host, "port": args.http_port})
+    )
     app = milliserve_app(
         args.repository,
         name=args.name,
@@ -37,7 +40,9 @@ def _ray_serve(args: argparse.Namespace) -> int:
         downscale_delay_s=args.downscale_delay_s,
     )
     with console.status(f"deploying {args.name}: {args.min_replicas} warm replica(s) loading their models"):
-        serve.run(app, name=args.name, route_prefix="/", blocking=False)
+        _past_proxy_restarts(
+            console, lambda: serve.run(app, name=args.name, route_prefix="/", blocking=False)
+        )
     console.print(
         f"[green]serving[/green] {args.repository} as Ray Serve app {args.name!r} at "
         f"http://{args.host}:{args.http_port}/v2 ({args.min_replicas}-{args.max_replicas} replicas)"
@@ -51,6 +56,25 @@ def _ray_serve(args: argparse.Namespace) -> int:
     console.print(f"deleting {args.name}: replicas finish what they hold")
     serve.delete(args.name)
     return 0
+
+
+def _past_proxy_restarts(console: Any, call: Callable[[], object], tries: int = 5) -> None:
+    """``call``, again when Ray Serve killed its HTTP proxy while it started: on a busy node a
+    proxy that is not up within Serve's ready check (5 s) is killed and replaced, and the
+    call that waited for it fails with ActorDiedError although the next proxy will serve."""
+    from ray.exceptions import ActorDiedError
+
+    for attempt in range(1, tries + 1):
+        try:
+            call()
+            return
+        except ActorDiedError as exc:
+            if "ProxyActor" not in str(exc) or attempt == tries:
+                raise
+            console.print(
+                f"[yellow]Ray Serve replaced its HTTP proxy, which was slow to start (a busy node); "
+                f"trying again ({attempt}/{tries - 1})[/yellow]"
+            )
 
 
 def add_ray_parser(sub: Any) -> None:
