@@ -275,7 +275,9 @@ def disconnect_storm_http(t: Target) -> str:
             sock = socket.create_connection((t.host, t.http_port), timeout=30)
             sock.sendall(head + body)
             clients.append(sock)
-        time.sleep(0.05)  # the server reads them (and queues the requests)
+        # the server reads the bodies and queues the requests (a request whose body it had
+        # not read yet was always dropped: its body read ends in a disconnect)
+        time.sleep(1.0)
     finally:
         for sock in clients:
             sock.close()
