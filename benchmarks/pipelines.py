@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -137,10 +138,14 @@ def main() -> None:
         ]
         return float(np.median(vals))
 
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     lines = [
         "## Pipelines against the client doing the steps itself",
         "",
-        f"`python benchmarks/pipelines.py`: {cpu_description()}; server and `milliserve bench` sharing "
+        f"`python benchmarks/pipelines.py` at commit {commit}: {cpu_description()}; server and "
+        "`milliserve bench` sharing "
         f"them; HTTP JSON bodies ({CASES} cases per target, the same cases on both sides of a pair), "
         f"closed loop, {args.seconds:g} s per level after 1 s of warm-up, "
         f"{args.rounds} interleaved rounds, medians. fraud_mlp runs on 1 ORT thread, MiniLM on 2.",
