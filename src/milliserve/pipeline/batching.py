@@ -72,6 +72,16 @@ def _hashable(parameters: dict[str, Any]) -> tuple[tuple[str, Any], ...] | None:
     return key
 
 
+def _fail(items: list[_Member], exc: BaseException) -> None:
+    """Hand ``exc`` to the requests still waiting; re-raise it unless it is an Exception (a
+    cancellation of the run itself goes on up)."""
+    for it in items:
+        if not it.future.done():
+            it.future.set_exception(exc)
+    if not isinstance(exc, Exception):
+        raise exc
+
+
 class BatchedSteps:
     """The terminal of a batching pipeline's road: batches requests, then runs ``steps``."""
 
@@ -79,7 +89,6 @@ class BatchedSteps:
         self, label: str, steps: Callable[[Call], Awaitable[Outputs]], max_batch_size: int, slots: int = 1
     ) -> None:
         self.steps = steps
-        self.batches = 0  # runs of the steps over more than one request
         policy = BatchPolicy(label, merge=True, max_batch_size=max_batch_size)
         self.batcher = Batcher(policy, self._run, slots)
         # let requests the server has already read join an idle slot's batch (one loop turn)
@@ -123,25 +132,15 @@ class BatchedSteps:
             # its sender sees the error
             for it in members:
                 await self._alone(it)
-            return
         except BaseException as exc:
-            for it in members:
-                if not it.future.done():
-                    it.future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self.batches += 1
+            _fail(members, exc)
 
     async def _alone(self, item: _Member) -> None:
         assert item.call is not None
         try:
             outputs = await self.steps(item.call)
         except BaseException as exc:
-            if not item.future.done():
-                item.future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
+            _fail([item], exc)
             return
         item.outputs = outputs
         if not item.future.done():
