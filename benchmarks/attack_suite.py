@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import tempfile
 from pathlib import Path
 
-from report_sections import DOC, write_section
+from report_sections import DOC, commit, write_section
 from server_overhead import cpu_description
 
 from milliserve.bench.attacks import ATTACKS, Target, run_attacks
@@ -49,11 +48,10 @@ def main() -> None:
         target = Target("127.0.0.1", srv.http_port, srv.grpc_port, srv.proc.pid)
         before = run_attacks(target, H2_ATTACKS, progress=lambda n: print("grpcio:", n, flush=True))
         before_alive = srv.proc.poll() is None
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     lines = [
         "## Attack suite: hostile input costs only its sender",
         "",
-        f"Numbers from `python benchmarks/attack_suite.py` at commit `{commit.strip()}`: one "
+        f"Numbers from `python benchmarks/attack_suite.py` at commit `{commit()}`: one "
         "`milliserve serve` of the example repository (default settings), the attacks of "
         "`milliserve.bench.attacks` and `milliserve.bench.h2_attacks` sent one after another, each "
         "repeated as shown, while two well-behaved clients call `fraud_mlp`: one over HTTP in a loop, "

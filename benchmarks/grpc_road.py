@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench_vs_perf_analyzer import pa_level, perf_analyzer
-from report_sections import write_section
+from report_sections import commit, write_section
 from server_overhead import cpu_description
 
 from milliserve.examples.build import build_examples
@@ -168,9 +168,7 @@ def main() -> None:
                         out = work / "pa.csv"
                         got = pa_level(pa, env, url(v), model, level, ms, out, "-i", v.protocol, *extra)
                         results.setdefault((model, v.name, level), []).append(got)
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
+        measured_at = commit()
 
     def med(model: str, name: str, level: int, i: int) -> float:
         return statistics.median(x[i] for x in results[(model, name, level)])
@@ -178,7 +176,7 @@ def main() -> None:
     lines = [
         "## gRPC against HTTP, and the two gRPC stacks (perf_analyzer)",
         "",
-        f"Numbers from `python benchmarks/grpc_road.py` at commit `{commit}`: {args.rounds} interleaved "
+        f"Numbers from `python benchmarks/grpc_road.py` at commit `{measured_at}`: {args.rounds} interleaved "
         f"rounds (every variant once per round, model and concurrency) of perf_analyzer 2.41 "
         f"(`-p {ms} -s 50`, its stability windows); medians, with the spread over the rounds.",
         "",

@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
-from report_sections import bench_level, write_section
+from report_sections import bench_level, commit, write_section
 from server_overhead import cpu_description
 from tokenizers import Tokenizer
 
@@ -138,13 +137,11 @@ def main() -> None:
         ]
         return float(np.median(vals))
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    measured_at = commit()
     lines = [
         "## Pipelines against the client doing the steps itself",
         "",
-        f"`python benchmarks/pipelines.py` at commit {commit}: {cpu_description()}; server and "
+        f"`python benchmarks/pipelines.py` at commit {measured_at}: {cpu_description()}; server and "
         "`milliserve bench` sharing "
         f"them; HTTP JSON bodies ({CASES} cases per target, the same cases on both sides of a pair), "
         f"closed loop, {args.seconds:g} s per level after 1 s of warm-up, "

@@ -14,6 +14,13 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 HEADER = "# Benchmarks\n\nEach section is written by the script it names; rerun the script to refresh it.\n"
 
 
+def commit() -> str:
+    """The short hash of the checkout a section was measured at (a section says it)."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False, cwd=DOC.parent
+    ).stdout.strip()
+
+
 def write_section(name: str, body: str, doc: Path = DOC) -> None:
     """Replace (or append) the section ``name`` of ``doc`` with ``body``."""
     text = doc.read_text() if doc.exists() else HEADER
