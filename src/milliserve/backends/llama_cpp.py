@@ -11,10 +11,11 @@ that knows nothing of asyncio; one engine thread owns a context.
 Config ``parameters`` understood here (string values):
 
 =======================  ==================================================================
-``n_threads``            threads of a step that decodes one token (default 1: on a small
-                         shared machine more threads spin against other processes)
+``n_threads``            threads of a step that decodes one token (default: the cores, at
+                         most 4; one thread instead where that measures faster, as on a
+                         machine busy with other work)
 ``n_threads_batch``      threads of a step with several tokens: prefill chunks and batched
-                         decoding (default: the cores, at most 4)
+                         decoding (default: the cores, at most 4; the same measured choice)
 ``n_ctx``                context length of each sequence (default 2048)
 ``max_sequences``        sequences decoded together (default 8); more wait in the queue
 ``step_tokens``          tokens one step may decode, prompt chunks included (default 256):
@@ -116,7 +117,7 @@ def _llama(error: type[Exception] = BackendError) -> ModuleType:
 class LlmOptions:
     """The parsed ``parameters`` of a generative model."""
 
-    n_threads: int = 1
+    n_threads: int = 2
     n_threads_batch: int = 2
     n_ctx: int = 2048
     max_sequences: int = 8
@@ -170,7 +171,7 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
     if unified not in ("true", "false", "1", "0"):
         raise ConfigError(f"field 'parameters.kv_unified': {unified!r} is not true or false")
     return LlmOptions(
-        n_threads=whole("n_threads", 1, 1, 256),
+        n_threads=whole("n_threads", min(cores, 4), 1, 256),
         n_threads_batch=whole("n_threads_batch", min(cores, 4), 1, 256),
         n_ctx=whole("n_ctx", 2048, 64, 1 << 20),
         max_sequences=whole("max_sequences", 8, 1, 256),

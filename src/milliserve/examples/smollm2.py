@@ -26,7 +26,6 @@ budget {
   ttft_ms: 1000
   itl_ms: 100
 }
-parameters { key: "n_threads" value { string_value: "1" } }
 parameters { key: "max_sequences" value { string_value: "8" } }
 parameters { key: "n_ctx" value { string_value: "2048" } }
 """

@@ -27,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from milliserve.llm.prefix import PrefixCache
@@ -105,8 +106,11 @@ class Engine:
         self.step_s = 0.02
         self.prefill_token_s = 0.003
         self.mean_output = 128.0  # tokens a finished request generated, on average (EWMA)
-        self.single_threads, batch_threads = model.threads
-        self.threads = ThreadChoice(self.single_threads, batch_threads)
+        # threads of a one-token step and of a bigger one: the config's counts, or one thread
+        # where that has measured faster lately (a machine busy with other work)
+        single, batch = model.threads
+        self.threads_one = ThreadChoice(1, single)
+        self.threads = ThreadChoice(1, batch)
         self.stats.running = lambda: len(self._running)
         self.stats.waiting = lambda: len(self._waiting) + len(self._incoming)
         self.stats.kv_tokens = lambda: sum(s.n_past for s in self._running)
@@ -115,8 +119,18 @@ class Engine:
         self._thread = make(f"ms-engine-{name}", self._loop)
 
     # ---- event-loop side ----
-    def start(self) -> None:
+    def start(self) -> Future[None]:
+        """Start the engine thread. It runs ``warmup`` first; the future resolves once it
+        did (or holds its exception, and the thread is gone).
+
+        Every ``llama_decode`` of a context must come from this one thread: llama.cpp's
+        CPU backend runs a step as an OpenMP parallel region, and a second thread that has
+        run one (a loader thread kept alive in its pool) leaves libgomp with more threads
+        than cores. It then stops spinning between regions, and a one-token step took
+        28 ms instead of 10 on 2 vCPU (docs/design.md)."""
+        self._started: Future[None] = Future()
         self._thread.start()
+        return self._started
 
     def submit(self, req: GenRequest) -> None:
         self._incoming.append(req)
@@ -191,6 +205,12 @@ class Engine:
         return max(1, budget)
 
     def _loop(self) -> None:
+        try:
+            self.warmup()
+        except BaseException as exc:
+            self._started.set_exception(exc)
+            return
+        self._started.set_result(None)
         try:
             while not self._stop:
                 if not self._running and not self._waiting and not self._incoming:
@@ -279,9 +299,9 @@ class Engine:
                     logits[-1] = True
                 prefill.append((s, n, len(tokens) - 1 if done else -1))
         n_tok = len(tokens)
-        threads = self.threads.pick(n_tok) if n_tok > 1 else self.single_threads
-        if n_tok > 1:
-            m.set_threads(self.single_threads, threads)
+        choice = self.threads if n_tok > 1 else self.threads_one
+        threads = choice.pick(n_tok)
+        m.set_threads(threads, threads)
         t0 = time.perf_counter()
         try:
             m.decode(tokens, pos, seqs, logits)
@@ -292,8 +312,7 @@ class Engine:
                     self._finish(s, "error", time.perf_counter(), f"the engine failed: {exc}")
             return
         t1 = time.perf_counter()
-        if n_tok > 1:
-            self.threads.record(n_tok, threads, (t1 - t0) / n_tok)
+        choice.record(n_tok, threads, (t1 - t0) / n_tok)
         self._learn(t1 - t0, sum(n for _, n, _ in prefill))
         self.stats.steps += 1
         # prefill progress and first tokens

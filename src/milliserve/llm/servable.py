@@ -158,13 +158,17 @@ class GenerativeServable:
         model = await executor.run_load(factory.load_model, path, options, n_seq)
         try:
             servable = cls(cfg, version, model, options, executor)
-            t1 = time.perf_counter()
-            await executor.run_load(servable.engine.warmup)
         except BaseException:
             model.close()
             raise
+        t1 = time.perf_counter()
+        try:
+            # the engine thread warms up itself: every decode of a context from one thread
+            await asyncio.wrap_future(servable.engine.start())
+        except BaseException:
+            await servable.close()
+            raise
         servable.stats.record_load(time.perf_counter() - t0, time.perf_counter() - t1)
-        servable.engine.start()
         log.info(
             "loaded generative model %s version %s (%s): %d sequences x %d tokens, step %.1f ms, "
             "prefill %.2f ms/token",

@@ -1,0 +1,51 @@
+"""Every llama_decode of a context runs on its engine's thread, the warm-up included.
+
+llama.cpp's CPU backend runs a step as an OpenMP parallel region. When a second thread
+that has run one stays alive (the loader pool's thread, which used to run the warm-up),
+libgomp counts more threads than cores, stops spinning between regions, and a one-token
+step on 2 threads took 28 ms instead of 10 (docs/design.md). This loads the smollm2
+example through the servable's own load path and records the thread of every decode."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from milliserve.backends.llama_cpp import LlamaModel
+from milliserve.config.model_config import load_model_config
+from milliserve.llm.protocol import parse_generate
+from milliserve.llm.servable import GenerativeServable
+from milliserve.runtime.executor import Executor
+
+
+def test_every_decode_runs_on_the_engine_thread(llm_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    callers: list[int] = []
+    decode = LlamaModel.decode
+
+    def recording(self: LlamaModel, *args: object) -> None:
+        callers.append(threading.get_ident())
+        decode(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LlamaModel, "decode", recording)
+    model_dir = llm_repo / "smollm2"
+
+    async def main() -> str:
+        executor = Executor()
+        servable = await GenerativeServable.load(
+            load_model_config(model_dir), "smollm2", "1", model_dir / "1", executor
+        )
+        try:
+            text, _ = await servable.complete(
+                parse_generate({"text_input": "The capital of France is", "max_tokens": 4, "temperature": 0})
+            )
+            return text
+        finally:
+            await servable.close()
+
+    assert asyncio.run(main())
+    assert len(callers) > 4  # the warm-up's steps and the request's
+    assert len(set(callers)) == 1, "llama_decode ran on more than one thread"
+    assert callers[0] != threading.get_ident()
