@@ -351,6 +351,52 @@ def test_prefix_cache_reuses_a_shared_system_prompt(client: openai.OpenAI) -> No
     assert usages[1] is not None and usages[1] >= 30  # the second reused the system prompt's KV
 
 
+def test_kept_and_saved_kv_give_the_same_answer(tmp_path: Path, llm_repo: Path) -> None:
+    """A chat's next turn starts from the KV its slot kept; a prompt whose slot was taken by
+    others comes back from host memory (prompt_cache_mib); both answer exactly as a cold
+    prefill does. Two slots, so that four other prompts overwrite them."""
+    repo = tmp_path / "repo"
+    (repo / MODEL / "1").mkdir(parents=True)
+    (repo / MODEL / "1" / "model.gguf").symlink_to((llm_repo / MODEL / "1" / "model.gguf").resolve())
+    (repo / MODEL / "config.pbtxt").write_text(
+        f'name: "{MODEL}"\nbackend: "llama_cpp"\n'
+        'parameters { key: "max_sequences" value { string_value: "2" } }\n'
+        'parameters { key: "prefix_cache_slots" value { string_value: "0" } }\n'
+    )
+    question = "List four parts of a bicycle and say in one sentence what each part does."
+    with ServerProcess(repo) as server:
+
+        def chat(messages: list[dict[str, str]]) -> tuple[str, int]:
+            status, got = _post(
+                server,
+                "/v1/chat/completions",
+                {"model": MODEL, "messages": messages, "max_tokens": 24, "temperature": 0},
+            )
+            assert status == 200, got
+            return got["choices"][0]["message"]["content"], got["usage"]["prompt_tokens_details"][
+                "cached_tokens"
+            ]
+
+        first, cached = chat([{"role": "user", "content": question}])
+        assert cached < 30  # cold: at most the chat template's default system prompt was there
+        # the next turn begins with the whole first exchange, kept in the slot
+        turn = [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": first},
+            {"role": "user", "content": "Now the same for a car."},
+        ]
+        _, cached = chat(turn)
+        assert cached >= 40, cached
+        for i in range(4):  # other prompts take both slots
+            chat([{"role": "user", "content": f"Count from {i} to {i + 5} in words, please."}])
+        hits = _metric(server, "milliserve_generation_host_cache_hits_total")
+        again, cached = chat([{"role": "user", "content": question}])
+        assert again == first  # restored KV answers exactly as the cold prefill did
+        assert cached >= 30, cached
+        assert _metric(server, "milliserve_generation_host_cache_hits_total") == hits + 1
+        assert _metric(server, "milliserve_generation_host_cache_bytes") > 0
+
+
 def test_metrics_and_statistics(llm_server: ServerProcess) -> None:
     assert _metric(llm_server, "milliserve_generation_ttft_seconds_count") > 0
     assert _metric(llm_server, "milliserve_generation_itl_seconds_count") > 0

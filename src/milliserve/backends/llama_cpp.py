@@ -22,6 +22,9 @@ Config ``parameters`` understood here (string values):
                          a long prompt is prefilled in chunks so it does not stall the others
 ``prefix_cache_slots``   shared prompt prefixes kept in the KV cache (default 2; 0: off)
 ``min_prefix_tokens``    shortest prefix worth reusing (default 16)
+``prompt_cache_mib``     host memory for the KV of ended sequences, saved when their slot is
+                         taken by another prompt and restored for a prompt that begins the
+                         same way (default 256; 0: off). A free slot keeps its last KV too.
 ``speculative``          ``ngram`` (prompt lookup, default), ``off``, or a path to a draft
                          GGUF of the same vocabulary (relative to the version folder)
 ``draft_tokens``         most tokens drafted per step (default 10; fewer while fewer are accepted)
@@ -72,6 +75,7 @@ KNOWN_PARAMETERS = frozenset(
         "step_tokens",
         "prefix_cache_slots",
         "min_prefix_tokens",
+        "prompt_cache_mib",
         "speculative",
         "draft_tokens",
         "speculate_below",
@@ -124,6 +128,7 @@ class LlmOptions:
     step_tokens: int = 256
     prefix_cache_slots: int = 2
     min_prefix_tokens: int = 16
+    prompt_cache_mib: int = 256
     speculative: str = "ngram"
     draft_tokens: int = 10
     speculate_below: int = 3
@@ -378,6 +383,21 @@ class LlamaModel:
         C.llama_memory_seq_rm(self.mem, dst, -1, -1)
         C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
         C.llama_memory_seq_rm(self.mem, dst, keep, -1)
+
+    def save_seq(self, seq: int) -> bytes:
+        """Sequence ``seq``'s KV (its cells, compact) as bytes, for ``load_seq``."""
+        C = self._C
+        size = int(C.llama_state_seq_get_size(self.ctx, seq))
+        buf = (ctypes.c_ubyte * size)()
+        n = int(C.llama_state_seq_get_data(self.ctx, buf, size, seq))
+        return bytes(memoryview(buf)[:n])
+
+    def load_seq(self, seq: int, data: bytes) -> bool:
+        """Put KV saved by ``save_seq`` into sequence ``seq`` (emptied first)."""
+        C = self._C
+        C.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+        return int(C.llama_state_seq_set_data(self.ctx, buf, len(data), seq)) > 0
 
     def close(self) -> None:
         C = self._C

@@ -118,6 +118,7 @@ class GenerativeServable:
             options.step_tokens,
             prefix_slots=options.prefix_cache_slots,
             min_prefix_tokens=options.min_prefix_tokens,
+            host_cache_bytes=options.prompt_cache_mib << 20,
             draft_tokens=options.draft_tokens if spec == "ngram" else 0,
             speculate_below=options.speculate_below,
             stats=self.gen_stats,
@@ -280,7 +281,7 @@ class GenerativeServable:
                 f"{self.options.max_queue})"
             )
         if self.ttft_budget_s is not None and (engine.running or engine.waiting):
-            cached = engine.prefixes.hit(prompt)
+            cached = engine.cached(prompt)
             est = engine.estimate_ttft(len(prompt) - max(0, cached))
             if est > self.ttft_budget_s:
                 self.gen_stats.refused_budget += 1

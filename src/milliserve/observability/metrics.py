@@ -199,7 +199,8 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
     counters = {
         "prompt_tokens": "Prompt tokens received",
         "output_tokens": "Tokens generated",
-        "cached_prompt_tokens": "Prompt tokens whose KV came from the prefix cache",
+        "cached_prompt_tokens": "Prompt tokens whose KV came from a cache (kept, prefix or host)",
+        "host_cache_hits": "Prompts whose beginning's KV was restored from host memory (prompt_cache_mib)",
         "refused_budget": "Requests refused because their first token would miss budget.ttft_ms",
         "draft_tokens": "Tokens drafted for speculative decoding",
         "accepted_tokens": "Drafted tokens the model accepted",
@@ -215,6 +216,9 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
     waiting = GaugeMetricFamily(_P + "generation_waiting", "Requests waiting for a sequence", labels=_MV)
     kv = GaugeMetricFamily(
         _P + "generation_kv_tokens", "KV cache cells held by running sequences", labels=_MV
+    )
+    host = GaugeMetricFamily(
+        _P + "generation_host_cache_bytes", "Host memory holding saved prompt KV", labels=_MV
     )
     kv_cap = GaugeMetricFamily(
         _P + "generation_kv_capacity_tokens", "KV cache cells for sequences", labels=_MV
@@ -237,5 +241,6 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
         waiting.add_metric(lv, g.waiting())
         kv.add_metric(lv, g.kv_tokens())
         kv_cap.add_metric(lv, g.kv_capacity)
+        host.add_metric(lv, g.host_cache_bytes())
         accept.add_metric(lv, g.accepted_tokens / g.draft_tokens if g.draft_tokens else 0.0)
-    yield from (*fam.values(), *cfam.values(), finished, running, waiting, kv, kv_cap, accept)
+    yield from (*fam.values(), *cfam.values(), finished, running, waiting, kv, kv_cap, host, accept)

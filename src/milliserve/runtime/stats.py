@@ -94,6 +94,8 @@ class GenerationStats:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_prompt_tokens: int = 0
+    host_cache_hits: int = 0  # prompts whose beginning was restored from host memory
+    host_cache_bytes: Callable[[], int] = lambda: 0
     finished: dict[str, int] = field(default_factory=dict)  # by finish reason (stop, length, abort, ...)
     refused_budget: int = 0
     draft_tokens: int = 0
