@@ -1,23 +1,26 @@
 """Streaming chat, side by side: milliserve's continuous-batching engine against
-llama-cpp-python's own OpenAI server, same GGUF (SmolLM2-135M-Instruct Q4_1), same
-threads, same client (the openai SDK's AsyncOpenAI, on the same cores).
+llama.cpp's own C++ ``llama-server`` (the main peer: parallel slots, continuous
+batching, prompt cache, n-gram speculation) and llama-cpp-python's OpenAI server (a
+second row), same GGUF (SmolLM2-135M-Instruct Q4_1), same cores, same client (the
+openai SDK's AsyncOpenAI, on the same cores). llama-server is built once from the
+llama.cpp tree the installed llama-cpp-python vendors (``benchmarks/peers/llama_server.py``).
 
-    python benchmarks/llm.py [--rounds 3] [--max-tokens 128] [--levels 1,4,8]
+    python benchmarks/llm.py [--rounds 5] [--max-tokens 128] [--levels 1,8]
 
 Three parts, each written into its own section of docs/benchmarks.md:
 
-- ``llm-peers``: 1, 4 and 8 concurrent streaming chats (one request per stream per
-  level, greedy, 128 tokens at most), rounds interleaved (A B, B A, ...): TTFT, ITL,
-  end-to-end p50/p99, aggregate output tokens/s.
-- ``llm-speculation``: prompt-lookup speculation on and off (per request, one server) on
-  summarise/extract prompts that quote their input, at 1 and 8 streams.
-- ``llm-prefix-cache``: TTFT of 8 chats sharing a long system prompt, on servers with and
-  without the prefix cache.
+- ``llm-peers``: 1 and 8 concurrent streaming chats, closed loops, rounds interleaved
+  (the servers' order rotates): TTFT, ITL, end-to-end p50/p99, aggregate output
+  tokens/s. llama-server runs at its best settings, swept first (``-t`` 1/2, ``-np``).
+- ``llm-speculation``: grounded prompts (summarise/extract/rewrite a quoted text) at 1 and
+  8 streams: milliserve with prompt-lookup speculation on and off, llama-server with its
+  best n-gram ``--spec-type`` (swept) and without.
+- ``llm-prefix-cache``: TTFT of 8 chats sharing a long system prompt: milliserve with and
+  without its prefix cache, llama-server with its prompt cache.
 
-The peer is started with ``--interrupt_requests false``: its default cuts a running
-stream off when another request arrives, which would make its streams shorter, not faster.
-A naive transformers ``generate`` peer is not run: transformers needs the ``gguf``
-package and a full-precision copy to load this file, and would measure that copy.
+llama_cpp.server is started with ``--interrupt_requests false``: its default cuts a
+running stream off when another request arrives, which would make its streams shorter,
+not faster.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from report_sections import write_section
+from peers.llama_server import LlamaServer
+from report_sections import commit, write_section
 
 from milliserve.examples.smollm2 import packaged_gguf
 from milliserve.testing import ServerProcess, free_port
@@ -267,139 +271,89 @@ HEAD = (
 )
 
 
-def machine(threads: int, threads_batch: int) -> str:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (
-        f"{platform.processor() or platform.machine()}, {cpus} vCPU shared by servers and client; "
-        f"both servers: n_threads {threads} (one-token steps), n_threads_batch {threads_batch}; "
-        f"Python {platform.python_version()}"
-    )
-
-
-def engine_alone(gguf: Path, threads: int, threads_batch: int, n: int, offset: int, max_tokens: int) -> Level:
-    """llama.cpp in this process, no server: the same chats one after another (the speed
-    the server's single stream is compared with)."""
-    from llama_cpp import Llama
-
-    global _LLM
-    if _LLM is None:
-        _LLM = Llama(
-            model_path=str(gguf),
-            n_threads=threads,
-            n_threads_batch=threads_batch,
-            n_ctx=2048,
-            flash_attn=True,
-            verbose=False,
-        )
-    out = Level()
-    t_start = time.perf_counter()
-    for msgs in chats(n, offset):
-        t0 = time.perf_counter()
-        last = 0.0
-        k = 0
-        for chunk in _LLM.create_chat_completion(
-            messages=msgs,  # type: ignore[arg-type]
-            max_tokens=max_tokens,
-            temperature=0.0,
-            repeat_penalty=1.0,
-            stream=True,
-        ):
-            delta = chunk["choices"][0]["delta"]  # type: ignore[index]
-            if not delta.get("content"):
-                continue
-            now = time.perf_counter()
-            if k == 0:
-                out.ttft.append(now - t0)
-            else:
-                out.itl.append(now - last)
-            last = now
-            k += 1
-        out.e2e.append(time.perf_counter() - t0)
-        out.tokens += k
-    out.wall = time.perf_counter() - t_start
-    out.counted = out.tokens
-    return out
-
-
-_LLM: Any = None
-
-
-async def peers_part(
-    ours: str,
-    peer: str,
+async def closed_loops(
+    servers: list[tuple[str, str, dict[str, Any]]],
     levels: list[int],
     rounds: int,
     max_tokens: int,
-    engine: tuple[Path, int, int] | None = None,
-    duration: float = 20.0,
+    duration: float,
+    prompts: Any = None,
 ) -> dict[tuple[str, int], dict[str, float]]:
+    """Every (server, level) once per round; the servers' order rotates each round.
+    ``servers``: (row name, url, extra request fields). ``prompts(r)``: the round's chats."""
     got: dict[tuple[str, int], list[Level]] = {}
     for r in range(rounds):
         for n in levels:
-            order = [("milliserve", ours), ("llama_cpp.server", peer)]
-            if r % 2:
-                order.reverse()
-            for name, url in order:
-                lv = await run_level(
-                    url, "smollm2", chats(len(CHATS), r), max_tokens, {}, duration, streams=n
-                )
+            order = servers[r % len(servers) :] + servers[: r % len(servers)]
+            for name, url, extra in order:
+                msgs = prompts(r) if prompts is not None else chats(len(CHATS), r)
+                lv = await run_level(url, "smollm2", msgs, max_tokens, extra, duration, streams=n)
                 got.setdefault((name, n), []).append(lv)
-                print(f"round {r} {name:17s} {n} streams: {lv.counted / lv.wall:.1f} tok/s", flush=True)
-            if n == 1 and engine is not None:
-                lv = engine_alone(*engine, len(CHATS), r, max_tokens)
-                got.setdefault(("llama.cpp in process", 1), []).append(lv)
-                print(
-                    f"round {r} llama.cpp in process 1 stream: {lv.counted / lv.wall:.1f} tok/s", flush=True
-                )
+                print(f"round {r} {name:34s} {n} streams: {lv.counted / lv.wall:.1f} tok/s", flush=True)
     return {k: summary(v) for k, v in got.items()}
 
 
-async def speculation_part(
-    ours: str, rounds: int, max_tokens: int, duration: float = 20.0
-) -> dict[tuple[bool, int], dict[str, float]]:
-    got: dict[tuple[bool, int], list[Level]] = {}
-    for r in range(rounds):
-        for n in (1, 8):
-            for spec in (True, False) if r % 2 == 0 else (False, True):
-                msgs = [[{"role": "user", "content": GROUNDED[(r + i) % len(GROUNDED)]}] for i in range(4)]
-                lv = await run_level(
-                    ours, "smollm2", msgs, max_tokens, {"speculative": spec}, duration, streams=n
-                )
-                got.setdefault((spec, n), []).append(lv)
-                print(f"round {r} speculation={spec} {n} streams: {lv.counted / lv.wall:.1f} tok/s")
-    return {k: summary(v) for k, v in got.items()}
-
-
-async def prefix_part(with_cache: str, without: str, rounds: int) -> dict[str, dict[str, float]]:
+async def prefix_part(targets: list[tuple[str, str]], rounds: int) -> dict[str, dict[str, float]]:
     got: dict[str, list[Level]] = {}
     for r in range(rounds):
-        order = [("prefix cache on", with_cache), ("prefix cache off", without)]
-        if r % 2:
-            order.reverse()
-        for name, url in order:
-            # one request first (it fills the cache on the server that has one), then 8 at once
-            await run_level(
-                url,
-                "smollm2",
-                [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello!"}]],
-                4,
-                {},
-            )
-            msgs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": c}] for c in CHATS]
+        for name, url in targets[r % len(targets) :] + targets[: r % len(targets)]:
+            # one chat first (it fills the caches), then 8 at once, their questions new this round
+            warm = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Hello! ({r})"}]]
+            await run_level(url, "smollm2", warm, 4, {})
+            msgs = [
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{c} (question {r})"}]
+                for c in CHATS
+            ]
             got.setdefault(name, []).append(await run_level(url, "smollm2", msgs, 16, {}))
-            print(f"round {r} {name}: TTFT p99 {max(got[name][-1].ttft) * 1e3:.0f} ms")
+            print(f"round {r} {name}: TTFT p99 {max(got[name][-1].ttft) * 1e3:.0f} ms", flush=True)
     return {k: summary(v) for k, v in got.items()}
+
+
+ON = "milliserve, speculation on"
+
+
+def grounded(r: int) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": GROUNDED[(r + i) % len(GROUNDED)]}] for i in range(4)]
+
+
+def sweep(
+    gguf: Path, options: list[tuple[int, int, tuple[str, ...]]], streams: int, prompts: Any, seconds: float
+) -> tuple[LlamaServer, str]:
+    """Start llama-server with each (threads, slots, flags), measure ``streams`` closed
+    loops for ``seconds``, and keep the fastest running; returns it and a line saying
+    what was tried."""
+    tried = []
+    best: tuple[float, tuple[int, int, tuple[str, ...]]] | None = None
+    for t, np_, flags in options:
+        srv = LlamaServer(gguf, free_port(), t, np_, 2048, *flags)
+        try:
+            lv = asyncio.run(run_level(srv.url, "smollm2", prompts(0), 128, {}, seconds, 2.0, streams))
+        finally:
+            srv.stop()
+        rate = lv.counted / lv.wall
+        tried.append(f"`-t {t} -np {np_}{' ' + ' '.join(flags) if flags else ''}` {rate:.0f}")
+        print(f"sweep llama-server -t {t} -np {np_} {' '.join(flags)}: {rate:.1f} tok/s", flush=True)
+        if best is None or rate > best[0]:
+            best = (rate, (t, np_, flags))
+    assert best is not None
+    t, np_, flags = best[1]
+    return LlamaServer(gguf, free_port(), t, np_, 2048, *flags), ", ".join(tried)
+
+
+def _flags(srv: LlamaServer) -> str:
+    extra = " ".join(srv.cmd[srv.cmd.index("--metrics") + 1 :])
+    return f"`-t {srv.threads} -np {srv.parallel}{' ' + extra if extra else ''}`"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--levels", default="1,4,8")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--threads-batch", type=int, default=2)
+    ap.add_argument("--levels", default="1,8")
     ap.add_argument("--parts", default="peers,speculation,prefix")
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per closed-loop level")
+    ap.add_argument("--sweep-seconds", type=float, default=8.0)
+    ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama_cpp.server row")
     args = ap.parse_args()
     gguf = packaged_gguf()
     if gguf is None:
@@ -407,103 +361,127 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     parts = set(args.parts.split(","))
     work = Path(tempfile.mkdtemp(prefix="ms-llm-bench-"))
-    params = {"n_threads": str(args.threads), "n_threads_batch": str(args.threads_batch), "n_ctx": "2048"}
-    where = machine(args.threads, args.threads_batch)
-    repo = write_repo(work / "repo", gguf, "smollm2", params)
-    if "peers" in parts or "speculation" in parts:
-        with ServerProcess(repo) as ours:
-            url = f"http://{ours.http_url}"
-            if "peers" in parts:
-                peer = Peer(gguf, args.threads, args.threads_batch, 2048)
-                try:
-                    engine = (gguf, args.threads, args.threads_batch)
-                    res = asyncio.run(
-                        peers_part(url, peer.url, levels, args.rounds, args.max_tokens, engine, args.duration)
-                    )
-                finally:
-                    peer.stop()
-                names = ("milliserve", "llama_cpp.server", "llama.cpp in process")
-                rows = [
-                    f"| {name} | {n} | {fmt(res[(name, n)])} |"
-                    for n in levels
-                    for name in names
-                    if (name, n) in res
+    cores = len(os.sched_getaffinity(0))
+    repo = write_repo(work / "repo", gguf, "smollm2", {"n_ctx": "2048"})
+    where = (
+        f"Commit {commit()}; {platform.processor() or platform.machine()}, {cores} vCPU shared by the "
+        f"servers and the client; Python {platform.python_version()}; milliserve at its defaults "
+        f"(threads: the cores, one thread where that measures faster; 8 sequences)"
+    )
+    if "peers" in parts:
+        sweep_opts: list[tuple[int, int, tuple[str, ...]]] = [(t, n, ()) for t in (2, 1) for n in (8, 16)]
+        peer, tried = sweep(gguf, sweep_opts, 8, lambda r: chats(len(CHATS), r), args.sweep_seconds)
+        second = None if args.no_llama_cpp_python else Peer(gguf, 1, cores, 2048)
+        try:
+            with ServerProcess(repo) as ours:
+                servers: list[tuple[str, str, dict[str, Any]]] = [
+                    ("milliserve", f"http://{ours.http_url}", {}),
+                    ("llama-server", peer.url, {}),
                 ]
-                alone = res.get(("llama.cpp in process", 1))
-                if alone is not None and ("milliserve", 1) in res:
-                    share = res[("milliserve", 1)]["tok_s"] / alone["tok_s"]
-                    alone_note = (
-                        f" One stream through milliserve runs at {share:.0%} of llama.cpp's speed in "
-                        "process without a server (the same chats one after another, no HTTP, no client)."
-                    )
-                else:
-                    alone_note = ""
-                tok_s = {k: v["tok_s"] for k, v in res.items()}
-                ratios = [
-                    f"{n} streams: {tok_s[('milliserve', n)] / tok_s[('llama_cpp.server', n)]:.2f}×"
-                    for n in levels
+                if second is not None:
+                    servers.append(("llama_cpp.server", second.url, {}))
+                res = asyncio.run(closed_loops(servers, levels, args.rounds, args.max_tokens, args.duration))
+        finally:
+            peer.stop()
+            if second is not None:
+                second.stop()
+        names = ("milliserve", "llama-server", "llama_cpp.server")
+        rows = [
+            f"| {name} | {n} | {fmt(res[(name, n)])} |" for n in levels for name in names if (name, n) in res
+        ]
+        ratios = []
+        for n in levels:
+            a, b = res[("milliserve", n)], res[("llama-server", n)]
+            ratios.append(
+                f"{n} stream{'s' if n > 1 else ''}: tokens/s {a['tok_s'] / b['tok_s']:.2f}×, TTFT p99 "
+                f"{a['ttft_p99'] / b['ttft_p99']:.2f}×, ITL p99 {a['itl_p99'] / b['itl_p99']:.2f}×"
+            )
+        write_section(
+            "llm-peers",
+            "## Streaming chat: milliserve vs llama-server (benchmarks/llm.py)\n\n"
+            f"{where}. llama-server {_flags(peer)} (built from the llama.cpp that llama-cpp-python "
+            f"vendors), the fastest at 8 streams of: {tried} tok/s; llama_cpp.server `-t 1 -tb {cores}`. "
+            "Speculation off on every server (the prompts are open chats). SmolLM2-135M-Instruct Q4_1, "
+            f"greedy, at most {args.max_tokens} tokens, {args.rounds} rounds, the servers' order rotating; "
+            "each level is a closed loop of N streams (each sends its next chat as its last one ends) "
+            f"measured for {args.duration:g} s after 3 s of warm-up; tokens/s counts tokens arriving "
+            "in that window, latencies the requests started in it. ITL is the gap between content "
+            f"chunks.\n\n{HEAD}\n"
+            + "\n".join(rows)
+            + "\n\nmilliserve / llama-server: "
+            + "; ".join(ratios)
+            + ".\n",
+        )
+    if "speculation" in parts:
+        spec_opts: list[tuple[int, int, tuple[str, ...]]] = [
+            (2, 8, ("--spec-type", t)) for t in ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
+        ]
+        ls_spec, tried = sweep(gguf, spec_opts, 1, grounded, args.sweep_seconds)
+        ls_plain = LlamaServer(gguf, free_port(), 2, 8, 2048)
+        try:
+            with ServerProcess(repo) as ours:
+                url = f"http://{ours.http_url}"
+                servers = [
+                    (ON, url, {"speculative": True}),
+                    ("llama-server, speculation on", ls_spec.url, {}),
+                    ("milliserve, speculation off", url, {"speculative": False}),
+                    ("llama-server, speculation off", ls_plain.url, {}),
                 ]
-                write_section(
-                    "llm-peers",
-                    "## Streaming chat: milliserve vs llama_cpp.server (benchmarks/llm.py)\n\n"
-                    f"{where}. SmolLM2-135M-Instruct Q4_1, greedy, at most {args.max_tokens} tokens, "
-                    f"{args.rounds} rounds interleaved; each level is a closed loop of N streams (each "
-                    "sends its next chat as its last one ends) "
-                    f"measured for {args.duration:g} s after 3 s of warm-up; tokens/s counts tokens "
-                    "arriving in that window, latencies the requests started in it. ITL is the gap "
-                    "between content chunks.\n\n"
-                    f"{HEAD}\n"
-                    + "\n".join(rows)
-                    + "\n\nAggregate output tokens/s, milliserve / peer: "
-                    + ", ".join(ratios)
-                    + "."
-                    + alone_note
-                    + "\n",
+                res2 = asyncio.run(
+                    closed_loops(servers, [1, 8], args.rounds, args.max_tokens, args.duration, grounded)
                 )
-            if "speculation" in parts:
-                res2 = asyncio.run(speculation_part(url, args.rounds, args.max_tokens, args.duration))
-                rows = [
-                    f"| speculation {'on' if s else 'off'} | {n} | {fmt(res2[(s, n)])} |"
-                    for n in (1, 8)
-                    for s in (True, False)
-                ]
-                gains = [
-                    f"{n} streams: {res2[(True, n)]['tok_s'] / res2[(False, n)]['tok_s']:.2f}×"
-                    for n in (1, 8)
-                ]
                 acc = _acceptance(url)
-                d = {k: v["decode_p50"] for k, v in res2.items()}
-                dec = [
-                    f"{n} streams: {d[(True, n)]:.0f} vs {d[(False, n)]:.0f} tok/s "
-                    f"({d[(True, n)] / d[(False, n)]:.2f}×)"
-                    for n in (1, 8)
-                ]
-                write_section(
-                    "llm-speculation",
-                    "## Prompt-lookup speculation on grounded prompts (benchmarks/llm.py)\n\n"
-                    f"{where}. Summarise/extract/rewrite prompts that quote a 90-word text; speculation "
-                    'switched per request (`"speculative": false`) on one server, rounds interleaved. '
-                    "Closed loops of 1 and 8 streams cycling through the four prompts, measured as above.\n\n"
-                    f"{HEAD.replace('server', 'mode')}\n"
-                    + "\n".join(rows)
-                    + "\n\nTokens/s with / without speculation: "
-                    + ", ".join(gains)
-                    + f". Drafted tokens accepted over the run: {acc}. Per request, after its first "
-                    "token (median of requests' decode speed, speculation on vs off): "
-                    + ", ".join(dec)
-                    + ".\n",
-                )
+        finally:
+            ls_spec.stop()
+            ls_plain.stop()
+        rows = [f"| {name} | {n} | {fmt(res2[(name, n)])} |" for n in (1, 8) for name, _, _ in servers]
+        t = {k: v["tok_s"] for k, v in res2.items()}
+        lines = [
+            f"{n} stream{'s' if n > 1 else ''}: milliserve with speculation / llama-server with its "
+            f"speculation {t[(ON, n)] / t[('llama-server, speculation on', n)]:.2f}×, "
+            f"milliserve with / without {t[(ON, n)] / t[('milliserve, speculation off', n)]:.2f}×"
+            for n in (1, 8)
+        ]
+        write_section(
+            "llm-speculation",
+            "## Speculation on grounded prompts: milliserve vs llama-server (benchmarks/llm.py)\n\n"
+            f"{where}. Summarise/extract/rewrite prompts that quote a 90-word text. milliserve: "
+            'prompt-lookup speculation switched per request (`"speculative"`), one server; '
+            f"llama-server with speculation: {_flags(ls_spec)}, the fastest at 1 stream of {tried} "
+            "tok/s; without: `-t 2 -np 8`. Closed loops of 1 and 8 streams cycling through the four "
+            f"prompts, {args.rounds} rounds, the order rotating, measured as above.\n\n"
+            f"{HEAD}\n"
+            + "\n".join(rows)
+            + "\n\n"
+            + "; ".join(lines)
+            + f". milliserve's drafted tokens accepted: {acc}.\n",
+        )
     if "prefix" in parts:
-        repo_off = write_repo(work / "repo_off", gguf, "smollm2", {**params, "prefix_cache_slots": "0"})
-        with ServerProcess(repo) as on, ServerProcess(repo_off) as off:
-            res3 = asyncio.run(prefix_part(f"http://{on.http_url}", f"http://{off.http_url}", args.rounds))
-        rows = [f"| {name} | 8 | {fmt(res3[name])} |" for name in ("prefix cache on", "prefix cache off")]
+        repo_off = write_repo(
+            work / "repo_off",
+            gguf,
+            "smollm2",
+            {"n_ctx": "2048", "prefix_cache_slots": "0", "prompt_cache_mib": "0", "reuse_slots": "false"},
+        )
+        ls = LlamaServer(gguf, free_port(), 2, 8, 2048)
+        try:
+            with ServerProcess(repo) as on, ServerProcess(repo_off) as off:
+                targets = [
+                    ("milliserve, prefix cache on", f"http://{on.http_url}"),
+                    ("llama-server, prompt cache on", ls.url),
+                    ("milliserve, prefix cache off", f"http://{off.http_url}"),
+                ]
+                res3 = asyncio.run(prefix_part(targets, args.rounds))
+        finally:
+            ls.stop()
+        rows = [f"| {name} | 8 | {fmt(res3[name])} |" for name, _ in targets]
         write_section(
             "llm-prefix-cache",
             "## Prefix cache: 8 chats sharing a system prompt (benchmarks/llm.py)\n\n"
-            f"{where}. A {len(SYSTEM.split())}-word system prompt; one chat warms the server, then 8 "
-            "chats with that system prompt arrive at once (16 tokens each). Two servers, rounds "
-            "interleaved.\n\n" + f"{HEAD.replace('server', 'mode')}\n" + "\n".join(rows) + "\n",
+            f"{where}. A {len(SYSTEM.split())}-word system prompt; one chat warms each server, then 8 "
+            "chats with that system prompt (each question new to the server) arrive at once (16 "
+            "tokens each). milliserve's cache off: no prefix slots, no kept or saved KV. "
+            f"{args.rounds} rounds, the order rotating.\n\n" + f"{HEAD}\n" + "\n".join(rows) + "\n",
         )
 
 

@@ -24,7 +24,10 @@ Config ``parameters`` understood here (string values):
 ``min_prefix_tokens``    shortest prefix worth reusing (default 16)
 ``prompt_cache_mib``     host memory for the KV of ended sequences, saved when their slot is
                          taken by another prompt and restored for a prompt that begins the
-                         same way (default 256; 0: off). A free slot keeps its last KV too.
+                         same way (default 256; 0: off)
+``reuse_slots``          ``true`` (default): a free slot keeps the KV of the sequence that
+                         ended in it, and a prompt that begins the same way (a chat's next
+                         turn) takes that slot and starts from there; ``false``: freed at once
 ``speculative``          ``ngram`` (prompt lookup, default), ``off``, or a path to a draft
                          GGUF of the same vocabulary (relative to the version folder)
 ``draft_tokens``         most tokens drafted per step (default 10; fewer while fewer are accepted)
@@ -76,6 +79,7 @@ KNOWN_PARAMETERS = frozenset(
         "prefix_cache_slots",
         "min_prefix_tokens",
         "prompt_cache_mib",
+        "reuse_slots",
         "speculative",
         "draft_tokens",
         "speculate_below",
@@ -129,6 +133,7 @@ class LlmOptions:
     prefix_cache_slots: int = 2
     min_prefix_tokens: int = 16
     prompt_cache_mib: int = 256
+    reuse_slots: bool = True
     speculative: str = "ngram"
     draft_tokens: int = 10
     speculate_below: int = 3
@@ -172,9 +177,6 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
 
     cores = os.cpu_count() or 1
     spec = params.get("speculative", "ngram").strip()
-    unified = params.get("kv_unified", "false").lower()
-    if unified not in ("true", "false", "1", "0"):
-        raise ConfigError(f"field 'parameters.kv_unified': {unified!r} is not true or false")
     return LlmOptions(
         n_threads=whole("n_threads", min(cores, 4), 1, 256),
         n_threads_batch=whole("n_threads_batch", min(cores, 4), 1, 256),
@@ -183,16 +185,25 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
         step_tokens=whole("step_tokens", 256, 16, 1 << 16),
         prefix_cache_slots=whole("prefix_cache_slots", 2, 0, 64),
         min_prefix_tokens=whole("min_prefix_tokens", 16, 1),
+        prompt_cache_mib=whole("prompt_cache_mib", 256, 0, 1 << 20),
+        reuse_slots=_flag(params, "reuse_slots", True),
         speculative=spec,
         draft_tokens=whole("draft_tokens", 10, 1, 64),
         speculate_below=whole("speculate_below", 3, 0, 256),
-        kv_unified=unified in ("true", "1"),
+        kv_unified=_flag(params, "kv_unified", False),
         max_queue=whole("max_queue", 64, 0),
         flash_attn=_choice(params, "flash_attn", ("auto", "on", "off"), "auto"),
         extra_buffers={"on": True, "off": False, "auto": not _cpu_has_amx()}[
             _choice(params, "extra_buffers", ("auto", "on", "off"), "auto")
         ],
     )
+
+
+def _flag(params: dict[str, str], key: str, default: bool) -> bool:
+    value = params.get(key, str(default)).strip().lower()
+    if value not in ("true", "false", "1", "0"):
+        raise ConfigError(f"field 'parameters.{key}': {value!r} is not true or false")
+    return value in ("true", "1")
 
 
 def _choice(params: dict[str, str], key: str, allowed: tuple[str, ...], default: str) -> str:

@@ -85,6 +85,7 @@ class Engine:
         prefix_slots: int = 0,
         min_prefix_tokens: int = 16,
         host_cache_bytes: int = 0,
+        reuse_slots: bool = True,
         draft_tokens: int = 0,
         speculate_below: int = 0,
         stats: GenerationStats | None = None,
@@ -104,6 +105,7 @@ class Engine:
         # prompt that begins with them (the next turn of a chat, a repeated prompt, a shared
         # system prompt) starts from there instead of prefilling them again.
         self._kept: dict[int, list[int]] = {}
+        self.reuse_slots = reuse_slots
         # what a source of KV costs, in prompt tokens' worth of prefill (measured on 2 vCPU:
         # a token 2.7 ms; restoring 200 tokens from host memory 2 ms, a slot copy 10 ms)
         self.copy_tokens = 6
@@ -518,7 +520,7 @@ class Engine:
     ) -> None:
         m = self.model
         self._running.remove(s)
-        if reason == "error":  # the step's KV writes are void
+        if reason == "error" or not self.reuse_slots:  # (on error, the step's KV writes are void)
             m.seq_remove(s.slot)
         else:  # kept for a prompt that begins the same way
             self._kept[s.slot] = s.history[: s.n_past]

@@ -119,6 +119,7 @@ class GenerativeServable:
             prefix_slots=options.prefix_cache_slots,
             min_prefix_tokens=options.min_prefix_tokens,
             host_cache_bytes=options.prompt_cache_mib << 20,
+            reuse_slots=options.reuse_slots,
             draft_tokens=options.draft_tokens if spec == "ngram" else 0,
             speculate_below=options.speculate_below,
             stats=self.gen_stats,
