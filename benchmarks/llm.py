@@ -7,7 +7,7 @@ llama.cpp tree the installed llama-cpp-python vendors (``benchmarks/peers/llama_
 
     python benchmarks/llm.py [--rounds 5] [--max-tokens 128] [--levels 1,8]
 
-Three parts, each written into its own section of docs/benchmarks.md:
+Four parts, each written into its own section of docs/benchmarks.md:
 
 - ``llm-peers``: 1 and 8 concurrent streaming chats, closed loops, rounds interleaved
   (the servers' order rotates): TTFT, ITL, end-to-end p50/p99, aggregate output
@@ -17,6 +17,8 @@ Three parts, each written into its own section of docs/benchmarks.md:
   best n-gram ``--spec-type`` (swept) and without.
 - ``llm-prefix-cache``: TTFT of 8 chats sharing a long system prompt: milliserve with and
   without its prefix cache, llama-server with its prompt cache.
+- ``llm-open-loop``: Poisson arrivals at 50/70/90% of llama-server's capacity, goodput
+  against TTFT <= 500 ms and per-request ITL p99 <= 60 ms.
 
 llama_cpp.server is started with ``--interrupt_requests false``: its default cuts a
 running stream off when another request arrives, which would make its streams shorter,
@@ -350,7 +352,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--levels", default="1,8")
-    ap.add_argument("--parts", default="peers,speculation,prefix")
+    ap.add_argument("--parts", default="peers,speculation,prefix,openloop")
+    ap.add_argument("--open-seconds", type=float, default=15.0, help="measured seconds per open-loop level")
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per closed-loop level")
     ap.add_argument("--sweep-seconds", type=float, default=8.0)
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama_cpp.server row")
@@ -375,7 +378,7 @@ def main() -> None:
         try:
             with ServerProcess(repo) as ours:
                 servers: list[tuple[str, str, dict[str, Any]]] = [
-                    ("milliserve", f"http://{ours.http_url}", {}),
+                    ("milliserve", f"http://{ours.http_url}", {"speculative": False}),
                     ("llama-server", peer.url, {}),
                 ]
                 if second is not None:
@@ -401,7 +404,8 @@ def main() -> None:
             "## Streaming chat: milliserve vs llama-server (benchmarks/llm.py)\n\n"
             f"{where}. llama-server {_flags(peer)} (built from the llama.cpp that llama-cpp-python "
             f"vendors), the fastest at 8 streams of: {tried} tok/s; llama_cpp.server `-t 1 -tb {cores}`. "
-            "Speculation off on every server (the prompts are open chats). SmolLM2-135M-Instruct Q4_1, "
+            'Speculation off on every server (milliserve per request, `"speculative": false`; the '
+            "prompts are open chats). SmolLM2-135M-Instruct Q4_1, "
             f"greedy, at most {args.max_tokens} tokens, {args.rounds} rounds, the servers' order rotating; "
             "each level is a closed loop of N streams (each sends its next chat as its last one ends) "
             f"measured for {args.duration:g} s after 3 s of warm-up; tokens/s counts tokens arriving "
@@ -456,6 +460,8 @@ def main() -> None:
             + "; ".join(lines)
             + f". milliserve's drafted tokens accepted: {acc}.\n",
         )
+    if "openloop" in parts:
+        open_loop_part(gguf, repo, args.rounds, args.open_seconds, (500.0, 60.0), where)
     if "prefix" in parts:
         repo_off = write_repo(
             work / "repo_off",
@@ -483,6 +489,84 @@ def main() -> None:
             "tokens each). milliserve's cache off: no prefix slots, no kept or saved KV. "
             f"{args.rounds} rounds, the order rotating.\n\n" + f"{HEAD}\n" + "\n".join(rows) + "\n",
         )
+
+
+def open_loop_part(
+    gguf: Path, repo: Path, rounds: int, duration: float, slo: tuple[float, float], where: str
+) -> None:
+    """Poisson arrivals of ``milliserve bench``'s chat prompts (which mix open questions with
+    summarise/extract prompts) at 50, 70 and 90% of llama-server's capacity, both servers at
+    their defaults, rounds interleaved: goodput against the SLO (TTFT, per-request ITL p99)."""
+    from milliserve.bench.llm_runner import LlmBenchConfig, run_llm_bench
+
+    def one(url: str, **kw: Any) -> Any:
+        cfg = LlmBenchConfig(
+            url=url,
+            model="smollm2",
+            prompts="builtin:chat",
+            warmup_s=3.0,
+            calibrate=False,
+            slo_ttft_ms=slo[0],
+            slo_itl_ms=slo[1],
+            **kw,
+        )
+        return run_llm_bench(cfg).levels[0]
+
+    ls = LlamaServer(gguf, free_port(), 2, 8, 2048)
+    try:
+        with ServerProcess(repo) as ours:
+            targets = [("milliserve", f"http://{ours.http_url}"), ("llama-server", ls.url)]
+            cap = one(ls.url, concurrency=[8], duration_s=30.0).throughput
+            print(f"llama-server capacity at 8 streams: {cap:.2f} req/s", flush=True)
+            rates = [round(cap * f, 2) for f in (0.5, 0.7, 0.9)]
+            got: dict[tuple[str, float], list[Any]] = {}
+            for r in range(rounds):
+                for rate in rates:
+                    for name, url in targets[r % 2 :] + targets[: r % 2]:
+                        lv = one(url, rates=[rate], duration_s=duration)
+                        got.setdefault((name, rate), []).append(lv)
+                        print(
+                            f"round {r} {name:12s} {rate:.2f} req/s: goodput {lv.goodput:.2f}/s "
+                            f"({lv.good_share:.0%} good), TTFT p99 {lv.ttft_ms.get('p99', 0):.0f} ms",
+                            flush=True,
+                        )
+    finally:
+        ls.stop()
+
+    def spread(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
+
+    rows, ratios = [], []
+    for rate in rates:
+        for name, _ in targets:
+            lvs = got[(name, rate)]
+            ttft = statistics.median(lv.ttft_ms.get("p99", math.nan) for lv in lvs)
+            itl = statistics.median(lv.itl_ms.get("p99", math.nan) for lv in lvs)
+            rows.append(
+                f"| {rate:.2f} ({rate / cap:.0%}) | {name} | {spread([lv.goodput for lv in lvs])} | "
+                f"{spread([lv.good_share for lv in lvs])} | {ttft:.0f} | {itl:.1f} | "
+                f"{sum(lv.requests for lv in lvs)}/{sum(sum(lv.errors.values()) for lv in lvs)} |"
+            )
+        a = statistics.median(lv.goodput for lv in got[("milliserve", rate)])
+        b = statistics.median(lv.goodput for lv in got[("llama-server", rate)])
+        ratios.append(f"{rate / cap:.0%}: {a / b:.2f}×" if b else f"{rate / cap:.0%}: llama-server 0")
+    write_section(
+        "llm-open-loop",
+        "## Open loop: goodput against llama-server (benchmarks/llm.py)\n\n"
+        f"{where}. `milliserve bench --llm`'s built-in chat prompts (open questions mixed with "
+        "summarise/extract prompts), Poisson arrivals at 50, 70 and 90% of llama-server's "
+        f"capacity ({cap:.2f} req/s, a closed loop of 8 streams for 30 s), {duration:g} s per level "
+        f"after 3 s of warm-up, {rounds} rounds, the order alternating. Both servers at their "
+        "defaults (milliserve: prompt-lookup speculation on while fewer than 3 sequences "
+        "decode; llama-server `-t 2 -np 8`, no speculation). A request is good when its TTFT is "
+        f"at most {slo[0]:g} ms and its own ITL p99 at most {slo[1]:g} ms.\n\n"
+        "| arrivals req/s (of capacity) | server | goodput req/s, median (min–max) | good share | "
+        "TTFT p99 ms (median of rounds) | ITL p99 ms | requests/errors |\n|---|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n\nGoodput, milliserve / llama-server: "
+        + ", ".join(ratios)
+        + ".\n",
+    )
 
 
 def _acceptance(url: str) -> str:

@@ -112,13 +112,22 @@ def test_greedy_output_is_llama_cpps_own(llm_server: ServerProcess, llm_repo: Pa
     del llm
 
 
-def test_eight_streams_interleave(llm_server: ServerProcess) -> None:
-    """Continuous batching: streams decode together (on an idle machine all 8 overlap)."""
+def _no_budget_repo(tmp_path: Path, llm_repo: Path) -> Path:
+    """The smollm2 example without its TTFT budget (which refuses work on a loaded machine)."""
+    repo = tmp_path / "repo"
+    (repo / MODEL / "1").mkdir(parents=True)
+    (repo / MODEL / "1" / "model.gguf").symlink_to((llm_repo / MODEL / "1" / "model.gguf").resolve())
+    (repo / MODEL / "config.pbtxt").write_text(f'name: "{MODEL}"\nbackend: "llama_cpp"\n')
+    return repo
 
-    async def main() -> tuple[list[float], list[float]]:
-        # the example's budget (ttft_ms 1000) may refuse some of 8 simultaneous chats on a busy
-        # machine: the SDK retries a 429 after a short back-off, as a client should
-        ac = openai.AsyncOpenAI(base_url=f"http://{llm_server.http_url}/v1", api_key="x", max_retries=8)
+
+def test_eight_streams_interleave(tmp_path: Path, llm_repo: Path) -> None:
+    """Continuous batching: 8 streams sent together all decode together. The model has no
+    TTFT budget here, so a loaded machine cannot refuse (and so delay) any of them; each
+    generates 48 tokens, long after all 8 have had their first."""
+
+    async def main(url: str) -> tuple[list[float], list[float]]:
+        ac = openai.AsyncOpenAI(base_url=f"http://{url}/v1", api_key="x", max_retries=0, timeout=300)
         firsts: list[float] = []
         ends: list[float] = []
 
@@ -142,17 +151,35 @@ def test_eight_streams_interleave(llm_server: ServerProcess) -> None:
         await ac.close()
         return firsts, ends
 
-    firsts, ends = asyncio.run(main())
+    with ServerProcess(_no_budget_repo(tmp_path, llm_repo)) as server:
+        firsts, ends = asyncio.run(main(server.http_url))
     assert len(firsts) == 8 and len(ends) == 8
-    # streams ran at the same time: on an idle machine all 8 overlap; on a loaded one the
-    # TTFT budget may refuse a few at first (429, retried after a back-off), so they start
-    # later, but the engine must still have decoded several streams together
-    events = sorted([(t, 1) for t in firsts] + [(t, -1) for t in ends])
-    open_streams, most = 0, 0
-    for _, step in events:
-        open_streams += step
-        most = max(most, open_streams)
-    assert most >= 2, f"at most {most} streams were decoding at once"
+    # every stream had its first token before any stream ended: all 8 were decoding at once
+    assert max(firsts) < min(ends), "some streams decoded alone"
+
+
+def test_speculation_drafts_are_made_accepted_and_change_nothing(llm_server: ServerProcess) -> None:
+    """On a prompt that quotes its answer, prompt lookup drafts tokens and the model accepts
+    them; the text is exactly what the same request gives without speculation."""
+    text = (
+        "The council voted to build new bicycle lanes on Oak Avenue next year. The bicycle lanes "
+        "cost four hundred thousand dollars and took six months to build."
+    )
+    prompt = f"Repeat this text word for word.\n\nText: {text}\n\nRepeated text: The council"
+    drafted0 = _metric(llm_server, "milliserve_generation_draft_tokens_total")
+    accepted0 = _metric(llm_server, "milliserve_generation_accepted_tokens_total")
+    outs = {}
+    for spec in (True, False):
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 32, "temperature": 0, "speculative": spec}
+        status, got = _post(llm_server, "/v1/completions", body)
+        assert status == 200, got
+        outs[spec] = got
+    details = outs[True]["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] > 0, details
+    assert outs[False]["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0
+    assert outs[True]["choices"][0]["text"] == outs[False]["choices"][0]["text"]
+    assert _metric(llm_server, "milliserve_generation_draft_tokens_total") > drafted0
+    assert _metric(llm_server, "milliserve_generation_accepted_tokens_total") > accepted0
 
 
 def _stream_then_disconnect(server: ServerProcess, path: str, body: dict[str, Any]) -> None:

@@ -28,8 +28,9 @@ Config ``parameters`` understood here (string values):
 ``reuse_slots``          ``true`` (default): a free slot keeps the KV of the sequence that
                          ended in it, and a prompt that begins the same way (a chat's next
                          turn) takes that slot and starts from there; ``false``: freed at once
-``speculative``          ``ngram`` (prompt lookup, default), ``off``, or a path to a draft
-                         GGUF of the same vocabulary (relative to the version folder)
+``speculative``          ``ngram`` (prompt lookup, default) or ``off``. Drafting with a
+                         second, smaller GGUF is not offered: no smaller model of SmolLM2's
+                         vocabulary ships here to build and test it with
 ``draft_tokens``         most tokens drafted per step (default 10; fewer while fewer are accepted)
 ``speculate_below``      speculate only while fewer sequences than this run (default 3)
 ``kv_unified``           ``true``: one KV buffer shared by all sequences (llama.cpp's

@@ -152,8 +152,8 @@ class GenerativeServable:
             raise ConfigError(f"{where}: {exc}") from None
         if options.speculative.lower() not in ("ngram", "off"):
             raise ConfigError(
-                f"{where}: field 'parameters.speculative': {options.speculative!r}: use ngram or off "
-                "(drafting with a second GGUF is not supported yet: prompt lookup is the drafter)"
+                f"{where}: field 'parameters.speculative': {options.speculative!r}: use ngram (prompt "
+                "lookup) or off"
             )
         t0 = time.perf_counter()
         n_seq = options.max_sequences + options.prefix_cache_slots

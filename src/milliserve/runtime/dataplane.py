@@ -13,6 +13,7 @@ from typing import Any
 from milliserve._version import __version__
 from milliserve.config.model_config import ModelConfig
 from milliserve.errors import InvalidInputError, ModelControlDisabledError, RequestError
+from milliserve.llm.client import EngineClient
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.runtime.servable import ServableRegistry
 from milliserve.runtime.stats import merge_statistics
@@ -97,19 +98,19 @@ class DataPlane:
         return self.registry.get(request.model_name, request.model_version).stream(request)
 
     # ---- generation ----
-    def generative(self, name: str, version: str = "") -> Any:
-        """The generative servable ``name`` (``GenerativeServable``); InvalidInputError for a
+    def generative(self, name: str, version: str = "") -> EngineClient:
+        """The generative model ``name`` (an ``EngineClient``); InvalidInputError for a
         tensor model, NotFoundError for an unknown one."""
         servable = self.registry.get(name, version)
-        if not hasattr(servable, "generate"):
+        if not isinstance(servable, EngineClient):
             raise InvalidInputError(
                 f"model {name!r} is not a generative model; call it with /v2/models/{name}/infer"
             )
         return servable
 
-    def generative_models(self) -> list[Any]:
-        """The ready generative servables (``GET /v1/models``)."""
-        return [s for s in self.registry.all_ready() if hasattr(s, "generate")]
+    def generative_models(self) -> list[EngineClient]:
+        """The ready generative models (``GET /v1/models``)."""
+        return [s for s in self.registry.all_ready() if isinstance(s, EngineClient)]
 
     # ---- repository ----
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

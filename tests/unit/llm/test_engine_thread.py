@@ -16,6 +16,7 @@ import pytest
 
 from milliserve.backends.llama_cpp import LlamaModel
 from milliserve.config.model_config import load_model_config
+from milliserve.llm.client import EngineClient
 from milliserve.llm.protocol import parse_generate
 from milliserve.llm.servable import GenerativeServable
 from milliserve.runtime.executor import Executor
@@ -37,6 +38,7 @@ def test_every_decode_runs_on_the_engine_thread(llm_repo: Path, monkeypatch: pyt
         servable = await GenerativeServable.load(
             load_model_config(model_dir), "smollm2", "1", model_dir / "1", executor
         )
+        assert isinstance(servable, EngineClient)  # what the front ends depend on
         try:
             text, _ = await servable.complete(
                 parse_generate({"text_input": "The capital of France is", "max_tokens": 4, "temperature": 0})

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from milliserve.errors import MalformedRequestError, MilliserveError, NotFoundError, RequestError
+from milliserve.llm.client import EngineClient, GenerationEvents
 from milliserve.llm.protocol import (
     chat_chunk,
     chat_response,
@@ -221,7 +222,7 @@ class GenerateRoutes:
 
         await self._stream(servable, stream, receive, send, gen(), t0)
 
-    async def _complete(self, servable: Any, params: Any, receive: Receive) -> Any:
+    async def _complete(self, servable: EngineClient, params: Any, receive: Receive) -> Any:
         """The whole answer, cancelled at once if the client disconnects while it waits."""
         task = asyncio.ensure_future(servable.complete(params))
         watcher = asyncio.create_task(_disconnected(receive))
@@ -238,7 +239,13 @@ class GenerateRoutes:
 
     # ---- SSE with disconnect detection ----
     async def _stream(
-        self, servable: Any, stream: Any, receive: Receive, send: Send, chunks: Any, t0: int
+        self,
+        servable: EngineClient,
+        stream: GenerationEvents,
+        receive: Receive,
+        send: Send,
+        chunks: Any,
+        t0: int,
     ) -> None:
         gone = asyncio.Event()
 
