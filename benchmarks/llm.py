@@ -403,7 +403,9 @@ def main() -> None:
             "llm-peers",
             "## Streaming chat: milliserve vs llama-server (benchmarks/llm.py)\n\n"
             f"{where}. llama-server {_flags(peer)} (built from the llama.cpp that llama-cpp-python "
-            f"vendors), the fastest at 8 streams of: {tried} tok/s; llama_cpp.server `-t 1 -tb {cores}`. "
+            f"vendors), the fastest at 8 streams of: {tried} tok/s"
+            + ("" if second is None else f"; llama_cpp.server `-t 1 -tb {cores}`")
+            + ". "
             'Speculation off on every server (milliserve per request, `"speculative": false`; the '
             "prompts are open chats). SmolLM2-135M-Instruct Q4_1, "
             f"greedy, at most {args.max_tokens} tokens, {args.rounds} rounds, the servers' order rotating; "

@@ -1,4 +1,4 @@
-"""How many threads a generation step of several tokens uses, chosen by measurement."""
+"""How many threads a generation step uses, chosen by measurement."""
 
 from __future__ import annotations
 
@@ -8,23 +8,32 @@ __all__ = ["ThreadChoice"]
 class ThreadChoice:
     """How many threads a step uses: the config's count (``n_threads`` for one-token steps,
     ``n_threads_batch`` for bigger ones) unless the other count (one thread) has measured
-    at least 10% faster per token, over at least 3 steps of the same size, lately. On a
-    machine shared with other work, llama.cpp's threads can spin against the other
-    processes and two threads can be slower than one; which is faster changes with the
-    load, so every ``explore_every``-th step of a size tries the other count (a one-thread step
-    costs about twice a two-thread one on an idle machine: exploring every 64th costs ~1.5%)."""
+    at least 10% faster per token, over at least 3 steps of the same size, lately.
 
-    def __init__(self, low: int, high: int, explore_every: int = 64) -> None:
+    On a machine shared with other work, llama.cpp's threads can spin against the other
+    processes and two threads can be slower than one, and which is faster changes with
+    the load. But a step on the slower count costs every running stream a long gap (a
+    one-thread step takes about twice a two-thread one on an idle machine), so the other
+    count is tried 3 times at first, then only when the count in use has become 25% slower
+    than its best lately (the machine got busier: every 16th step until that settles) and
+    otherwise every ``explore_every``-th step of a size (0.2%)."""
+
+    def __init__(self, low: int, high: int, explore_every: int = 512, drift: float = 1.25) -> None:
         self.default = high
         self.other = low
         self.explore_every = explore_every
+        self.drift = drift
         self._cost: dict[tuple[int, int], tuple[float, int]] = {}  # (size, threads) -> (ewma, n)
+        self._base: dict[tuple[int, int], float] = {}  # the lowest EWMA lately (rises 1% a step)
         self._steps: dict[int, int] = {}
+        self._explored: dict[int, int] = {}  # size -> the step it last tried the other count
 
     @staticmethod
     def size(n_tokens: int) -> int:
-        """Steps are compared with steps of the same size (exact up to 16 tokens, then by 64)."""
-        return n_tokens if n_tokens <= 16 else 16 + n_tokens // 64 * 64
+        """Steps are compared with steps of about the same size: 1, 2-3, 4-7, 8-15, then by 64."""
+        if n_tokens >= 16:
+            return 16 + n_tokens // 64 * 64
+        return 1 << (n_tokens.bit_length() - 1)
 
     def _better(self, size: int) -> int:
         mine = self._cost.get((size, self.default))
@@ -40,16 +49,27 @@ class ThreadChoice:
         step = self._steps.get(size, 0) + 1
         self._steps[size] = step
         best = self._better(size)
-        if step % self.explore_every == 0 or (step <= 12 and step % 4 == 0):
-            return self.other if best == self.default else self.default  # explore (more at first)
+        other = self.other if best == self.default else self.default
+        tried = self._cost.get((size, other), (0.0, 0))[1]
+        now = self._cost.get((size, best))
+        base = self._base.get((size, best))
+        drifted = now is not None and base is not None and now[0] > self.drift * base
+        since = step - self._explored.get(size, 0)
+        if (tried < 3 and step % 4 == 0) or step % self.explore_every == 0 or (drifted and since >= 16):
+            self._explored[size] = step
+            return other
         return best
 
     def record(self, n_tokens: int, threads: int, seconds_per_token: float) -> None:
         key = (self.size(n_tokens), threads)
         old = self._cost.get(key)
-        self._cost[key] = (
+        ewma, n = (
             (seconds_per_token, 1) if old is None else (0.7 * old[0] + 0.3 * seconds_per_token, old[1] + 1)
         )
+        self._cost[key] = (ewma, n)
+        if n >= 3:
+            base = self._base.get(key)
+            self._base[key] = ewma if base is None else min(base * 1.01, ewma)
 
     def chosen(self, n_tokens: int) -> int:
         """The count preferred now for steps of ``n_tokens``."""

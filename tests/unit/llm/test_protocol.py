@@ -112,3 +112,26 @@ def test_thread_choice_follows_measurements_and_keeps_exploring() -> None:
     tc.record(8, 1, 0.5)
     assert tc.chosen(8) == 2
     assert ThreadChoice(2, 2).pick(100) == 2
+
+
+def test_thread_choice_explores_rarely_on_a_steady_machine_and_soon_when_it_gets_busy() -> None:
+    from milliserve.llm.threads import ThreadChoice
+
+    tc = ThreadChoice(1, 2)
+    cost = {2: 0.010, 1: 0.020}  # an idle machine: two threads twice as fast
+
+    def run(steps: int) -> list[int]:
+        picks = []
+        for _ in range(steps):
+            t = tc.pick(8)
+            tc.record(8, t, cost[t])
+            picks.append(t)
+        return picks
+
+    first = run(600)
+    assert first[:16].count(1) == 3  # tried three times at first
+    assert first[16:].count(1) <= 2  # then about every 512th step: a long gap costs every stream
+    cost[2] = 0.030  # other work arrived: two threads now spin against it
+    busy = run(40)
+    assert 1 in busy[:20]  # the slower count in use makes it look again soon
+    assert tc.chosen(8) == 1  # and one thread, now faster, is chosen
