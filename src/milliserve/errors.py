@@ -23,6 +23,10 @@ and what was expected.
     ├── OverBudgetError              a generation's first token cannot come within the model's
     │                                budget (ttft_ms) given the queue (HTTP 429 / RESOURCE_EXHAUSTED)
     ├── ModelControlDisabledError    the repository API is off (HTTP 403 / PERMISSION_DENIED)
+    ├── ForbiddenError               a feature that is off, or a peer that may not use it
+    │                                (shared memory; HTTP 403 / PERMISSION_DENIED)
+    ├── NotSupportedError            a Triton feature milliserve does not have, such as CUDA
+    │                                shared memory (HTTP 501 / UNIMPLEMENTED)
     ├── MissingDependencyError       an optional package a command needs is not installed
     └── BackendError                 the backend failed while loading or running (HTTP 500 / INTERNAL)
 """
@@ -33,6 +37,7 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "DeadlineUnmeetableError",
+    "ForbiddenError",
     "InvalidInputError",
     "MalformedRequestError",
     "MilliserveError",
@@ -40,6 +45,7 @@ __all__ = [
     "ModelControlDisabledError",
     "ModelNotReadyError",
     "NotFoundError",
+    "NotSupportedError",
     "OverBudgetError",
     "QueueFullError",
     "QueueTimeoutError",
@@ -119,6 +125,16 @@ class DeadlineUnmeetableError(MilliserveError):
 
 class ModelControlDisabledError(MilliserveError):
     """The repository (load/unload) API is disabled in this server."""
+
+
+class ForbiddenError(MilliserveError):
+    """The server does not allow this: a feature that is off (shared memory without
+    ``--shared-memory system``), or a peer that may not use it (shared memory from a
+    non-loopback address)."""
+
+
+class NotSupportedError(MilliserveError):
+    """A Triton feature that milliserve does not have (CUDA shared memory)."""
 
 
 class MissingDependencyError(MilliserveError):

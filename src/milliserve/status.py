@@ -44,6 +44,8 @@ _TABLE: dict[type[BaseException], ErrorStatus] = {
     e.DeadlineUnmeetableError: ErrorStatus(429, "DEADLINE_EXCEEDED", "DEADLINE"),
     e.OverBudgetError: ErrorStatus(429, "RESOURCE_EXHAUSTED", "BUDGET"),
     e.ModelControlDisabledError: ErrorStatus(403, "PERMISSION_DENIED", "REJECTED"),
+    e.ForbiddenError: ErrorStatus(403, "PERMISSION_DENIED", "REJECTED"),
+    e.NotSupportedError: ErrorStatus(501, "UNIMPLEMENTED", "REJECTED"),
     e.BackendError: INTERNAL,
     asyncio.CancelledError: ErrorStatus(499, "CANCELLED", "CANCELED"),
 }

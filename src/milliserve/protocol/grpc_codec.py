@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from math import prod
 from typing import Any
 
 import numpy as np
 
-from milliserve.errors import InvalidInputError, MalformedRequestError
+from milliserve.errors import ForbiddenError, InvalidInputError, MalformedRequestError
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.protocol.raw import array_from_raw, array_to_raw, check_shape
-from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
+from milliserve.protocol.types import (
+    InferRequest,
+    InferResponse,
+    InferTensor,
+    RequestedOutput,
+    SharedMemoryInput,
+)
 
 __all__ = [
     "decode_infer_request",
     "encode_infer_response",
     "parameters_from_proto",
     "parameters_to_proto",
+    "shared_memory_off",
 ]
 
 # Which typed field of InferTensorContents carries each datatype.
@@ -81,26 +89,63 @@ def _from_contents(name: str, datatype: str, shape: tuple[int, ...], contents: A
         raise InvalidInputError(f"input {name!r}: value out of range for {datatype}: {exc}") from None
 
 
-def decode_infer_request(msg: Any) -> InferRequest:
-    """ModelInferRequest -> InferRequest. Raises MalformedRequestError / InvalidInputError."""
+def shared_memory_off(name: str) -> ForbiddenError:
+    """The error for an input or output that names a shared-memory region on a server whose
+    shared memory is off."""
+    return ForbiddenError(
+        f"tensor {name!r} refers to a shared memory region, but shared memory is off on this "
+        "server (start it with --shared-memory system)"
+    )
+
+
+def decode_infer_request(msg: Any, shm: SharedMemoryInput | None = None) -> InferRequest:
+    """ModelInferRequest -> InferRequest. Raises MalformedRequestError / InvalidInputError.
+
+    As Triton: an input's data comes from shared memory (``shared_memory_region``, read by
+    ``shm``), its typed ``contents``, or the next entry of ``raw_input_contents``, which
+    therefore holds one entry per input that has neither."""
     raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
-        raise MalformedRequestError(
-            f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs; "
-            "send raw data for every input or for none"
-        )
     if not msg.inputs:
         raise MalformedRequestError("request has no inputs")
     inputs: list[InferTensor] = []
-    for i, t in enumerate(msg.inputs):
+    index = 0
+    for t in msg.inputs:
         shape = tuple(t.shape)
         check_shape(t.name, shape)
         oip_to_numpy(t.datatype)
-        if raw:
-            data = array_from_raw(t.name, t.datatype, shape, raw[i])
-        else:
+        params = parameters_from_proto(t.parameters) if t.parameters else {}
+        if "shared_memory_region" in params:
+            if t.HasField("contents"):
+                raise InvalidInputError(
+                    f"contents field must not be specified when using shared memory for {t.name!r} "
+                    f"for model {msg.model_name!r}"
+                )
+            if shm is None:
+                raise shared_memory_off(t.name)
+            data = shm(t.name, t.datatype, shape, params)
+        elif t.HasField("contents"):
+            if raw:
+                raise InvalidInputError(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"{t.name!r} for model {msg.model_name!r}"
+                )
             data = _from_contents(t.name, t.datatype, shape, t.contents)
-        inputs.append(InferTensor(t.name, t.datatype, shape, data, parameters_from_proto(t.parameters)))
+        elif index < len(raw):
+            data = array_from_raw(t.name, t.datatype, shape, raw[index])
+            index += 1
+        elif not raw:  # no data anywhere: only an empty tensor is complete
+            data = _from_contents(t.name, t.datatype, shape, t.contents)
+        else:
+            raise MalformedRequestError(
+                f"unable to find data for input tensor {t.name!r} for model {msg.model_name!r} "
+                f"in request: raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs"
+            )
+        inputs.append(InferTensor(t.name, t.datatype, shape, data, params))
+    if index != len(raw):
+        raise MalformedRequestError(
+            f"raw_input_contents has {len(raw)} entries but only {index} inputs take raw data "
+            "(inputs in contents or shared memory have none)"
+        )
     outputs = [RequestedOutput(o.name, parameters_from_proto(o.parameters)) for o in msg.outputs]
     return InferRequest(
         model_name=msg.model_name,
@@ -112,15 +157,20 @@ def decode_infer_request(msg: Any) -> InferRequest:
     )
 
 
-def encode_infer_response(resp: InferResponse) -> Any:
-    """InferResponse -> ModelInferResponse, with every output in raw_output_contents."""
+def encode_infer_response(resp: InferResponse, in_shared_memory: Collection[str] = ()) -> Any:
+    """InferResponse -> ModelInferResponse, with every output in raw_output_contents. Outputs
+    named in ``in_shared_memory`` were written to the client's regions: as Triton, they are
+    described with an empty raw entry, so the entries still line up with the outputs."""
     msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
     for out in resp.outputs:
         t = msg.outputs.add()
         t.name = out.name
         t.datatype = out.datatype
         t.shape.extend(out.shape)
-        msg.raw_output_contents.append(array_to_raw(out.datatype, out.data))
+        if in_shared_memory and out.name in in_shared_memory:
+            msg.raw_output_contents.append(b"")
+        else:
+            msg.raw_output_contents.append(array_to_raw(out.datatype, out.data))
     if resp.parameters:
         parameters_to_proto(msg.parameters, resp.parameters)
     return msg

@@ -13,10 +13,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from milliserve.errors import InvalidInputError, MalformedRequestError
+from milliserve.errors import ForbiddenError, InvalidInputError, MalformedRequestError
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.raw import array_from_raw, array_to_raw, check_shape
-from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
+from milliserve.protocol.types import (
+    InferRequest,
+    InferResponse,
+    InferTensor,
+    RequestedOutput,
+    SharedMemoryInput,
+)
 
 __all__ = [
     "check_elements",
@@ -149,6 +155,10 @@ def _requested_outputs(doc: dict[str, Any]) -> list[RequestedOutput] | None:
         params = item.get("parameters") or {}
         if not isinstance(params, dict):
             raise MalformedRequestError(f"output {item['name']!r}: 'parameters' must be an object")
+        if "shared_memory_region" in params and flag(params, "binary_data"):
+            raise InvalidInputError(
+                f"output {item['name']!r}: Output can't set both 'shared_memory_region' and 'binary_data'"
+            )
         flag(params, "binary_data")
         if "classification" in params:
             raise InvalidInputError(f"output {item['name']!r}: the classification extension is not supported")
@@ -157,9 +167,14 @@ def _requested_outputs(doc: dict[str, Any]) -> list[RequestedOutput] | None:
 
 
 def decode_infer_request(
-    body: bytes, header_length: int | None, model_name: str, model_version: str
+    body: bytes,
+    header_length: int | None,
+    model_name: str,
+    model_version: str,
+    shm: SharedMemoryInput | None = None,
 ) -> InferRequest:
-    """Decode an HTTP infer body into an InferRequest.
+    """Decode an HTTP infer body into an InferRequest. An input whose parameters name a
+    ``shared_memory_region`` is read by ``shm`` (None: shared memory is off, a 403).
 
     Raises MalformedRequestError for undecodable bodies (bad JSON, truncated
     binary data, bad BYTES length prefixes) and InvalidInputError for data that
@@ -199,7 +214,19 @@ def decode_infer_request(
         if not isinstance(iparams, dict):
             raise MalformedRequestError(f"input {name!r}: 'parameters' must be an object")
         size = iparams.get("binary_data_size")
-        if size is not None:
+        if "shared_memory_region" in iparams:
+            if size is not None or "data" in item:
+                raise InvalidInputError(
+                    f"input {name!r}: Input must set only one of the following fields: 'data', "
+                    "'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'"
+                )
+            if shm is None:
+                raise ForbiddenError(
+                    f"input {name!r} refers to a shared memory region, but shared memory is off "
+                    "on this server (start it with --shared-memory system)"
+                )
+            data = shm(name, datatype, shape, iparams)
+        elif size is not None:
             if not isinstance(size, int) or size < 0:
                 raise MalformedRequestError(
                     f"input {name!r}: binary_data_size must be a non-negative integer"
@@ -253,10 +280,13 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     """Encode a response. Returns the body and, when binary outputs were used, the
     JSON header length for ``Inference-Header-Content-Length``."""
     default_binary = flag(request.parameters, "binary_data_output")
-    per_output: dict[str, bool] = {}
+    # True: binary, False: JSON, None: written to the client's shared memory (no data here)
+    per_output: dict[str, bool | None] = {}
     if request.outputs:
         for ro in request.outputs:
-            per_output[ro.name] = flag(ro.parameters, "binary_data", default_binary)
+            p = ro.parameters
+            shm = p and "shared_memory_region" in p
+            per_output[ro.name] = None if shm else flag(p, "binary_data", default_binary)
 
     outputs_json: list[dict[str, Any]] = []
     blobs: list[bytes] = []
@@ -264,7 +294,10 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
         entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": out.shape}
         if out.parameters:
             entry["parameters"] = dict(out.parameters)
-        if per_output.get(out.name, default_binary):
+        kind = per_output.get(out.name, default_binary)
+        if kind is None:
+            pass
+        elif kind:
             blob = array_to_raw(out.datatype, out.data)
             entry.setdefault("parameters", {})["binary_data_size"] = len(blob)
             blobs.append(blob)

@@ -7,6 +7,7 @@ in runtime/validation.py; decoding from the wire lives in the codecs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +19,15 @@ __all__ = [
     "InferTensor",
     "Parameters",
     "RequestedOutput",
+    "SharedMemoryInput",
     "TensorSpec",
 ]
 
 Parameters = dict[str, Any]
+# The front end's reader of an input held in shared memory: (name, datatype, shape, the
+# input's parameters naming the region) -> the tensor (a view of the mapping). Codecs call
+# it for inputs with ``shared_memory_region``; None when shared memory is off.
+SharedMemoryInput = Callable[[str, str, tuple[int, ...], Parameters], np.ndarray[Any, Any]]
 
 
 @dataclass(slots=True)

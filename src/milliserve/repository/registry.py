@@ -198,8 +198,14 @@ class ModelRegistry:
         """
         entry = self._entries.get(name)
         if entry is None:
+            # Triton's words: its clients (and their examples) look for them
             known = f" (this server has {sorted(self._entries)})" if self.expose_names else ""
-            raise NotFoundError(f"unknown model {shown(name)}{known}")
+            raise NotFoundError(f"Request for unknown model: {shown(name)} is not found{known}")
+        if version and not (version.isascii() and version.isdigit()):
+            raise NotFoundError(
+                f"failed to get model version from specified version string {shown(version)} "
+                "(use only digits)"
+            )
         if not entry.versions:
             why = f": {entry.reason}" if entry.reason else ""
             raise ModelNotReadyError(f"model {name!r} is not ready ({entry.state}{why})")
@@ -210,8 +216,8 @@ class ModelRegistry:
         rt = entry.versions.get(version)
         if rt is None:
             raise NotFoundError(
-                f"model {name!r} has no version {shown(version)} ready "
-                f"(serving {sorted(entry.versions, key=int)})"
+                f"Request for unknown model: {name!r} version {version} is not found "
+                f"(serving versions {sorted(entry.versions, key=int)})"
             )
         return rt
 
