@@ -289,7 +289,7 @@ BAD_REQUESTS = [
         "not valid JSON",
     ),
     BadRequest("unknown model", "nope", b'{"inputs": []}', 404, "unknown model: 'nope' is not found"),
-    BadRequest("unknown version", "add_sub/versions/9", _two("FP32", [1, 1]), 404, "'add_sub' version 9 is not found"),
+    BadRequest("unknown version", "add_sub/versions/9", _two("FP32", [1, 1]), 404, "version 9 is not found"),
     BadRequest("truncated binary", "add_sub", _truncated[0], 400, "truncated", _truncated[1]),
     BadRequest("bad BYTES prefix", "strings", _bad_prefix[0], 400, "declares length 50", _bad_prefix[1]),
     BadRequest("body over the limit", "add_sub", b"x" * (2 << 20), 413, "over the limit"),
