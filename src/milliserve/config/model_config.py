@@ -15,6 +15,7 @@ from google.protobuf import json_format, text_format
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from milliserve.config.base import Strict as _Strict
+from milliserve.config.sequence import SequenceBatching
 from milliserve.config.steps import Ensembling, Features, TokenizerConfig
 from milliserve.errors import ConfigError
 from milliserve.protocol.datatypes import config_type_to_oip, oip_to_config_type
@@ -55,6 +56,9 @@ class TensorConfig(_Strict):
     name: str
     data_type: str
     dims: tuple[int, ...] = ()
+    # Triton's ``optional``: a request may leave the input out (for a pipeline: the step that
+    # reads it decides what then, e.g. token ids in place of the tokenizer's text)
+    optional: bool = False
 
     @field_validator("data_type")
     @classmethod
@@ -256,6 +260,7 @@ class ModelConfig(_Strict):
     input: tuple[TensorConfig, ...] = ()
     output: tuple[TensorConfig, ...] = ()
     dynamic_batching: DynamicBatching | None = None
+    sequence_batching: SequenceBatching | None = None  # stateful models (config/sequence.py)
     instance_group: tuple[InstanceGroup, ...] = ()
     parameters: dict[str, str] = {}
     model_warmup: tuple[WarmupSpec, ...] = ()
@@ -296,6 +301,7 @@ class ModelConfig(_Strict):
                 raise ValueError("an ensemble declares its input and output tensors")
             model_only = (
                 "dynamic_batching",
+                "sequence_batching",
                 "features",
                 "tokenizer",
                 "backend",
@@ -306,6 +312,19 @@ class ModelConfig(_Strict):
             if unused:
                 raise ValueError(
                     f"{unused} do not apply to an ensemble: set them on its models, or use steps"
+                )
+        sb = self.sequence_batching
+        if sb is not None:
+            if self.dynamic_batching is not None:
+                raise ValueError("dynamic_batching and sequence_batching exclude each other: choose one")
+            if self.response_cache is not None and self.response_cache.enable:
+                raise ValueError("a sequence model's answers depend on its state: no response_cache")
+            declared = {t.name for t in self.input}
+            implicit = sorted(declared & {t.name for t in sb.implicit_inputs()})
+            if implicit:
+                raise ValueError(
+                    f"inputs {implicit} are filled by the sequence batcher (control or state "
+                    "inputs): leave them out of 'input'"
                 )
         db = self.dynamic_batching
         if db is not None:
@@ -416,7 +435,8 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
     data types are spelled ``TYPE_*``."""
 
     def tensor(t: TensorConfig) -> dict[str, Any]:
-        return {"name": t.name, "data_type": oip_to_config_type(t.data_type), "dims": list(t.dims)}
+        out = {"name": t.name, "data_type": oip_to_config_type(t.data_type), "dims": list(t.dims)}
+        return {**out, "optional": True} if t.optional else out
 
     out: dict[str, Any] = {
         "name": cfg.name,
@@ -434,6 +454,8 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
     }
     if cfg.dynamic_batching is not None:
         out["dynamic_batching"] = cfg.dynamic_batching.model_dump()
+    if cfg.sequence_batching is not None:
+        out["sequence_batching"] = cfg.sequence_batching.to_dict()
     if cfg.response_cache is not None:
         out["response_cache"] = cfg.response_cache.model_dump()
     if cfg.budget is not None:

@@ -19,6 +19,7 @@ __all__ = [
     "Features",
     "Hedge",
     "PipelineStep",
+    "Pooling",
     "PythonStep",
     "RuleThreshold",
     "Rules",
@@ -181,6 +182,50 @@ class Ann(Strict):
         return self
 
 
+class Pooling(Strict):
+    """A ``pooling`` step: one vector per text from a model's token embeddings ``input``
+    (FP32 [batch, seq, dim]) and the tokenizer's attention ``mask`` (INT64 [batch, seq]), as a
+    sentence-transformers model folder declares it: ``mode`` mean (over the attended tokens),
+    cls (the first attended token), last_token (the last attended one) or none (``input`` is
+    already one vector per text, [batch, dim]); then L2 ``normalize``. Makes ``output`` (FP32
+    [batch, dim]) and ``tokens`` (INT64 [batch, 1], the tokens each text had, the usage count;
+    None: not made). A request may ask for a smaller vector with the parameter ``dimensions``
+    when it is one of ``dimensions`` (a Matryoshka model's sizes): the vector is cut to it,
+    then normalised again (pipeline/pooling.py)."""
+
+    input: str = "token_embeddings"
+    mask: str = "attention_mask"
+    mode: Literal["mean", "cls", "last_token", "none"] = "mean"
+    normalize: bool = True
+    output: str = "embedding"
+    tokens: str | None = "tokens"
+    dimensions: tuple[int, ...] = ()
+
+    @field_validator("input", "mask", "mode", "output", "tokens", mode="before")
+    @classmethod
+    def _unset(cls, v: object, info: ValidationInfo) -> object:
+        if v == "":  # protobuf's empty string means "not set"
+            assert info.field_name is not None
+            return cls.model_fields[info.field_name].default
+        return v
+
+    @field_validator("dimensions")
+    @classmethod
+    def _sizes(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d < 1 for d in v) or len(set(v)) != len(v):
+            raise ValueError(f"pooling.dimensions must be distinct positive sizes, got {list(v)}")
+        return tuple(sorted(v, reverse=True))
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Pooling:
+        made = [n for n in (self.output, self.tokens) if n]
+        if len(set(made)) != len(made) or self.input in made or self.mask in made:
+            raise ValueError(
+                f"pooling reads {self.input!r} and {self.mask!r} and makes {made}: every name must differ"
+            )
+        return self
+
+
 class Hedge(Strict):
     """``hedge`` on a model step: send the request to the least busy of ``model_name`` and
     ``replicas`` and, when it has not answered within ``after_ms`` (0: the step's measured
@@ -253,6 +298,7 @@ class PipelineStep(Strict):
     rules: Rules | None = None
     python: PythonStep | None = None
     ann: Ann | None = None
+    pooling: Pooling | None = None
     cascade: Cascade | None = None
     hedge: Hedge | None = None  # on a model step: hedged requests over replicas
 
@@ -294,7 +340,7 @@ class PipelineStep(Strict):
         return "model" if self.model_name else next(k for k in STEP_KINDS[1:] if getattr(self, k))
 
 
-STEP_KINDS = ("model_name", "tokenizer", "features", "rules", "python", "cascade", "ann")
+STEP_KINDS = ("model_name", "tokenizer", "features", "rules", "python", "cascade", "ann", "pooling")
 
 
 class Ensembling(Strict):

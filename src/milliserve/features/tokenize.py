@@ -2,7 +2,9 @@
 them into token ids and an attention mask with Hugging Face ``tokenizers`` (Rust, the
 whole batch in one call), never a Python loop over tokens.
 
-Serves both a model's own ``tokenizer`` config and a pipeline's tokenizer step.
+Serves both a model's own ``tokenizer`` config and a pipeline's tokenizer step. A pipeline
+that declares the ids (and mask) as optional inputs also takes token ids in place of text:
+they are checked and cut to ``max_length`` the same way.
 
 No text can hurt other clients: each text's size is checked against ``max_text_bytes``
 before anything is tokenized (over it: truncated to that many bytes, or refused with
@@ -121,9 +123,47 @@ class TokenizerStep:
             out.append(InferTensor(self.mask, "INT64", mask.shape, mask))
         return out
 
+    def _given_ids(self, tensors: Tensors) -> None:
+        """Token ids the request sent in place of text (a pipeline that declares the ids, and
+        the mask, as optional inputs): checked against the vocabulary and ``max_length`` as
+        text would be, cut to ``max_length`` unless overflow is ``refuse``."""
+        ids = np.asarray(tensors[self.ids].data)
+        given = tensors.get(self.mask) if self.mask else None
+        mask = np.asarray(given.data) if given is not None else np.ones_like(ids)
+        if ids.ndim != 2 or mask.shape != ids.shape:
+            raise InvalidInputError(
+                f"input {self.ids!r} has shape {list(ids.shape)} and {self.mask!r} {list(mask.shape)}: "
+                "token ids come as [batch, tokens] with a mask of the same shape"
+            )
+        vocab = self.tokenizer.get_vocab_size()
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            bad = int(ids.reshape(-1)[(ids.reshape(-1) < 0) | (ids.reshape(-1) >= vocab)][0])
+            raise InvalidInputError(
+                f"input {self.ids!r} holds the token id {bad}; this model's are 0..{vocab - 1}"
+            )
+        lengths = np.count_nonzero(mask, axis=1)
+        if not self.allow_empty and ids.shape[0] and lengths.min() == 0:
+            raise InvalidInputError(
+                f"input {self.ids!r} element {int(lengths.argmin())} has no token; this model needs some"
+            )
+        if ids.shape[1] > self.max_length:
+            if self.refuse and lengths.max() > self.max_length:
+                raise InvalidInputError(
+                    f"input {self.ids!r} element {int(lengths.argmax())} is {int(lengths.max())} tokens "
+                    f"long; this model takes at most {self.max_length} (tokenizer max_length)"
+                )
+            ids, mask = ids[:, : self.max_length], mask[:, : self.max_length]
+        tensors[self.ids] = InferTensor(self.ids, "INT64", ids.shape, ids.astype(np.int64, copy=False))
+        if self.mask:
+            m = mask.astype(np.int64, copy=False)
+            tensors[self.mask] = InferTensor(self.mask, "INT64", m.shape, m)
+
     async def run(self, tensors: Tensors, call: Call) -> None:
         found = tensors.get(self.text_input)
         if found is None:
+            if self.ids in tensors:
+                self._given_ids(tensors)
+                return
             raise InvalidInputError(
                 f"this model takes raw text: the request needs the BYTES input {self.text_input!r}"
             )

@@ -17,7 +17,9 @@ its own notes (features defaulted for its own rows) and the batch's stage times.
 
 A pipeline batches when it has a batch dimension (``max_batch_size`` > 0) and every step is
 row-wise (``rowwise``: features read per row, python, model, rules, ann). Tokenizers (they pad
-a batch to its longest text), cascades and hedges keep one run per request. Config
+a batch to its longest text) count as row-wise only when a ``pooling`` step turns what they
+padded into one vector per text before it is a pipeline output (an embedding pipeline);
+otherwise, as cascades and hedges, they keep one run per request. Config
 ``parameters { key: "pipeline_batching" value: { string_value: "false" } }`` turns it off.
 Requests merge only with equal non-batch shapes and equal request parameters.
 
@@ -35,6 +37,7 @@ from typing import Any, cast
 import numpy as np
 
 from milliserve.errors import BackendError, ConfigError, MilliserveError
+from milliserve.features.tokenize import TokenizerStep
 from milliserve.protocol.types import InferRequest, InferTensor
 from milliserve.road import BatchCall, Call, Outputs, Step
 from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
@@ -45,12 +48,29 @@ __all__ = ["BatchedSteps", "batching_wanted"]
 _MODES = ("auto", "false")
 
 
-def batching_wanted(parameters: dict[str, str], max_batch_size: int, steps: Sequence[Step]) -> bool:
+def batching_wanted(
+    parameters: dict[str, str], max_batch_size: int, steps: Sequence[Step], outputs: Sequence[str] = ()
+) -> bool:
     """Whether a pipeline's requests may share runs of its steps (see the module docstring)."""
     mode = parameters.get("pipeline_batching", "auto").lower()
     if mode not in _MODES:
         raise ConfigError(f"parameter 'pipeline_batching' must be one of {_MODES}, got {mode!r}")
-    return mode == "auto" and max_batch_size > 0 and all(getattr(s, "rowwise", False) for s in steps)
+    return mode == "auto" and max_batch_size > 0 and _rowwise(steps, outputs)
+
+
+def _rowwise(steps: Sequence[Step], outputs: Sequence[str]) -> bool:
+    """Every step row-wise, where a tokenizer counts as one when what it padded (its ids and
+    what steps make from them, such as token embeddings) is pooled before it reaches a
+    pipeline output: pooled rows do not depend on the padding of the batch."""
+    padded: set[str] = set()
+    for step in steps:
+        if isinstance(step, TokenizerStep):
+            padded.update(step.makes)
+        elif not getattr(step, "rowwise", False):
+            return False
+        elif padded.intersection(step.needs) and not getattr(step, "unpads", False):
+            padded.update(step.makes)
+    return not padded.intersection(outputs)
 
 
 @dataclass(slots=True, eq=False)

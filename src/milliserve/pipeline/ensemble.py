@@ -29,6 +29,7 @@ from milliserve.pipeline.ann import AnnStep, tensor_dim
 from milliserve.pipeline.batching import BatchedSteps, batching_wanted
 from milliserve.pipeline.cascade import CascadeStep
 from milliserve.pipeline.hedge import HedgedCall
+from milliserve.pipeline.pooling import PoolingStep
 from milliserve.pipeline.steps import ModelCall, PythonCall, RulesStep
 from milliserve.road import Around, Call, Handler, Offload, Outputs, Stage, Step, Tensors, build_road
 from milliserve.runtime.servable import RoadServable
@@ -92,6 +93,8 @@ def build_steps(
                 step = AnnStep(label, s.ann, model_dir, dim, offload)
             elif s.rules is not None:
                 step = RulesStep(label, s.rules)
+            elif s.pooling is not None:
+                step = PoolingStep(label, s.pooling)
             else:
                 assert s.python is not None
                 step = PythonCall(label, s.python, "postprocess" if after_model else "preprocess")
@@ -175,7 +178,7 @@ class PipelineRuntime(RoadServable):
         ]
         run: Handler = RunSteps(config.name, steps, outputs, self.stats)
         self.batched: BatchedSteps | None = None
-        if batching_wanted(config.parameters, config.max_batch_size, steps):
+        if batching_wanted(config.parameters, config.max_batch_size, steps, list(outputs)):
             slots = max((s.instances() for s in steps if isinstance(s, ModelCall)), default=1)
             run = self.batched = BatchedSteps(self.label, run, config.max_batch_size, slots)
         self.road = build_road(stages, run)

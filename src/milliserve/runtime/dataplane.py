@@ -15,7 +15,8 @@ from milliserve.config.model_config import ModelConfig
 from milliserve.errors import InvalidInputError, ModelControlDisabledError, RequestError
 from milliserve.llm.client import EngineClient
 from milliserve.protocol.types import InferRequest, InferResponse
-from milliserve.runtime.servable import ServableRegistry
+from milliserve.runtime.embedding import Embedder, EmbeddingSpec, embedding_spec
+from milliserve.runtime.servable import Servable, ServableRegistry
 from milliserve.runtime.stats import merge_statistics
 
 __all__ = ["EXTENSIONS", "DataPlane"]
@@ -43,6 +44,8 @@ class DataPlane:
         self.stopping = False
         # the other workers' statistics (``serve --workers N``): None for a lone server
         self.siblings: Callable[[str, str], Awaitable[list[list[dict[str, Any]]]]] | None = None
+        # id(config) -> (config, its embedding spec or None)
+        self._specs: dict[int, tuple[ModelConfig, EmbeddingSpec | None]] = {}
 
     # ---- health & metadata ----
     def live(self) -> bool:
@@ -111,6 +114,32 @@ class DataPlane:
     def generative_models(self) -> list[EngineClient]:
         """The ready generative models (``GET /v1/models``)."""
         return [s for s in self.registry.all_ready() if isinstance(s, EngineClient)]
+
+    # ---- embeddings ----
+    def _embedding_spec(self, servable: Servable) -> EmbeddingSpec | None:
+        config = servable.config
+        known = self._specs.get(id(config))
+        if known is None or known[0] is not config:
+            if len(self._specs) > 256:  # configs of unloaded versions
+                self._specs.clear()
+            known = self._specs[id(config)] = (config, embedding_spec(config))
+        return known[1]
+
+    def embedder(self, name: str, version: str = "") -> Embedder:
+        """What embeds texts with the model ``name`` (``/v1/embeddings``); InvalidInputError
+        for a model that is not an embedding pipeline, NotFoundError for an unknown one."""
+        servable = self.registry.get(name, version)
+        spec = self._embedding_spec(servable)
+        if spec is None:
+            raise InvalidInputError(
+                f"model {name!r} is not an embedding model (a pipeline that ends in a pooling step)",
+                "model",
+            )
+        return Embedder(name, version, spec, self.infer)
+
+    def embedding_models(self) -> list[Servable]:
+        """The ready embedding models (``GET /v1/models``)."""
+        return [s for s in self.registry.all_ready() if self._embedding_spec(s) is not None]
 
     # ---- repository ----
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

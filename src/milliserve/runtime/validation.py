@@ -28,12 +28,17 @@ class ModelIO:
     outputs: dict[str, TensorSpec]
     max_batch_size: int
     allow_nonfinite: bool = False
-    # name -> (datatype, dims after the batch dimension when every one is fixed, else None):
-    # lets a well-formed request skip the general shape check (it runs on every request)
+    # inputs a request may leave out (Triton's ``optional``)
+    optional: frozenset[str] = frozenset()
+    # name -> (datatype, dims after the batch dimension when every one is fixed, else None)
+    # of the required inputs: lets a well-formed request skip the general shape check (it
+    # runs on every request)
     fast: dict[str, tuple[str, tuple[int, ...] | None]] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         for name, spec in self.inputs.items():
+            if name in self.optional:
+                continue
             fixed = spec.dims if self.max_batch_size > 0 and -1 not in spec.dims else None
             self.fast[name] = (spec.datatype, fixed)
 
@@ -46,6 +51,7 @@ def model_io(config: ModelConfig) -> ModelIO:
         outputs={t.name: t.spec() for t in config.output},
         max_batch_size=config.max_batch_size,
         allow_nonfinite=config.flag("allow_nonfinite_inputs"),
+        optional=frozenset(t.name for t in config.input if t.optional),
     )
 
 
@@ -139,7 +145,7 @@ def validate_request(request: InferRequest, io: ModelIO) -> tuple[int, Signature
             found = b
         if not io.allow_nonfinite:
             _check_finite(tensor.name, tensor.data)
-    missing = sorted(set(io.inputs) - seen)
+    missing = sorted(set(io.inputs) - seen - io.optional)
     if missing:
         raise InvalidInputError(f"model {io.label!r} needs inputs {missing}, which the request lacks")
     if request.outputs:

@@ -34,6 +34,7 @@ from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
 from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE, JSON_HEADER, Receive, Scope, Send
 from milliserve.server.http.edge_files import EdgeFiles
+from milliserve.server.http.embeddings import EmbeddingsRoute
 from milliserve.server.http.generate import GenerateRoutes
 from milliserve.status import status_of
 
@@ -74,6 +75,7 @@ class HttpApp:
         self._offload = offload
         self._metrics = metrics  # /metrics here too, so tools need not know the metrics port
         self.generate = GenerateRoutes(dataplane, self._read_body)
+        self.embeddings = EmbeddingsRoute(dataplane, self._read_body)
         self.edge = edge
         self.local_only = local_only  # a worker's private listener: no fan-out to siblings
 
@@ -102,6 +104,9 @@ class HttpApp:
                 headers.append((b"www-authenticate", b'Bearer realm="milliserve"'))
                 await send({"type": "http.response.start", "status": 401, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
+                return
+            if parts == ["v1", "embeddings"]:
+                await self.embeddings(scope, receive, send)
                 return
             await self.generate(scope, receive, send, parts)
             return
