@@ -47,7 +47,9 @@ class TokenizerStep:
         except Exception as exc:
             raise ConfigError(f"tokenizer {path}: cannot load it ({exc})") from None
         self.refuse = config.overflow == "refuse"
-        if not self.refuse:
+        if self.refuse:  # a tokenizer.json may truncate on its own (MiniLM's: at 128 tokens)
+            self.tokenizer.no_truncation()
+        else:
             self.tokenizer.enable_truncation(config.max_length)
         self.tokenizer.enable_padding(pad_id=0)  # to the longest text of the batch
         self.name, self.stage, self.config = name, "preprocess", config
