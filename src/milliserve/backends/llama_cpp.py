@@ -35,7 +35,14 @@ Config ``parameters`` understood here (string values):
 ``speculate_below``      speculate only while fewer sequences than this run (default 3)
 ``kv_unified``           ``true``: one KV buffer shared by all sequences (llama.cpp's
                          unified cache; default ``false``: one buffer per sequence)
-``max_queue``            requests waiting for a free sequence before 503 (default 64)
+``max_queue``            requests waiting for a free sequence before 503 (default 64); one
+                         client may hold a share of it (``llm.admission``), then 429
+``preemption``           ``fair`` (default: a client over its share of the slots has a
+                         sequence suspended, its KV kept in host memory, while another
+                         client waits), ``priority`` (also for a waiting request of a
+                         higher priority level) or ``off``
+``priority_levels``      priority levels of requests (default 2: ``priority: 1`` first)
+``default_priority_level`` the level of a request that names none (default: the last)
 ``flash_attn``           ``auto`` (llama.cpp decides; default), ``on`` or ``off``
 ``extra_buffers``        llama.cpp's extra weight buffers (repacked and AMX kernels): ``on``,
                          ``off``, or ``auto`` (default): off where the CPU advertises AMX,
@@ -56,6 +63,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from milliserve.backends.llama_grammar import GrammarCompiler, JsonConstraint, logits_view
 from milliserve.config.model_config import ModelConfig
 from milliserve.errors import BackendError, ConfigError
 
@@ -86,6 +94,9 @@ KNOWN_PARAMETERS = frozenset(
         "speculate_below",
         "kv_unified",
         "max_queue",
+        "preemption",
+        "priority_levels",
+        "default_priority_level",
         "flash_attn",
         "extra_buffers",
     }
@@ -140,6 +151,9 @@ class LlmOptions:
     speculate_below: int = 3
     kv_unified: bool = False
     max_queue: int = 64
+    preemption: str = "fair"
+    priority_levels: int = 2
+    default_priority_level: int = 2
     flash_attn: str = "auto"
     extra_buffers: bool = True
 
@@ -178,6 +192,7 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
 
     cores = os.cpu_count() or 1
     spec = params.get("speculative", "ngram").strip()
+    levels = whole("priority_levels", 2, 1, 64)
     return LlmOptions(
         n_threads=whole("n_threads", min(cores, 4), 1, 256),
         n_threads_batch=whole("n_threads_batch", min(cores, 4), 1, 256),
@@ -193,6 +208,9 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
         speculate_below=whole("speculate_below", 3, 0, 256),
         kv_unified=_flag(params, "kv_unified", False),
         max_queue=whole("max_queue", 64, 0),
+        preemption=_choice(params, "preemption", ("fair", "priority", "off"), "fair"),
+        priority_levels=levels,
+        default_priority_level=whole("default_priority_level", levels, 1, levels),
         flash_attn=_choice(params, "flash_attn", ("auto", "on", "off"), "auto"),
         extra_buffers={"on": True, "off": False, "auto": not _cpu_has_amx()}[
             _choice(params, "extra_buffers", ("auto", "on", "off"), "auto")
@@ -225,6 +243,18 @@ class SamplerSpec:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # the JSON schema's grammar state (structured output), or None
+    constraint: JsonConstraint | None = None
+
+
+class _Constrained:
+    """A sampler chain behind a grammar: the mask goes on the logits first."""
+
+    __slots__ = ("chain", "constraint")
+
+    def __init__(self, chain: Any, constraint: JsonConstraint) -> None:
+        self.chain = chain
+        self.constraint = constraint
 
 
 class LlamaModel:
@@ -277,6 +307,8 @@ class LlamaModel:
         self.eos_text = self.token_text(int(C.llama_vocab_eos(self.vocab)))
         self.chat_template = self.meta("tokenizer.chat_template")
         self.description = self.meta("general.name") or path.stem
+        ends = [int(C.llama_vocab_eos(self.vocab)), int(C.llama_vocab_eot(self.vocab))]
+        self.grammars = GrammarCompiler(self.vocab, self.n_vocab, list(dict.fromkeys(ends)))
 
     # ---- metadata and text ----
     def meta(self, key: str) -> str | None:
@@ -348,7 +380,7 @@ class LlamaModel:
             raise BackendError(f"llama_decode failed with code {rc} on a step of {n} tokens")
 
     # ---- sampling ----
-    def new_sampler(self, spec: SamplerSpec) -> Any:
+    def _chain(self, spec: SamplerSpec) -> Any:
         C = self._C
         sp = C.llama_sampler_chain_default_params()
         sp.no_perf = True
@@ -373,16 +405,33 @@ class LlamaModel:
         add(chain, C.llama_sampler_init_dist(seed))
         return chain
 
+    def new_sampler(self, spec: SamplerSpec) -> Any:
+        chain = self._chain(spec)
+        return chain if spec.constraint is None else _Constrained(chain, spec.constraint)
+
+    def compile_schema(self, schema: dict[str, Any]) -> JsonConstraint:
+        """A constraint for one request's JSON schema (RequestError naming the part that
+        does not compile). Thread-safe; blocking for about a millisecond."""
+        return self.grammars.compile(schema)
+
     def accept(self, sampler: Any, token: int) -> None:
         """Feed a prompt token to the sampler's history (for the repetition penalties)."""
-        self._C.llama_sampler_accept(sampler, token)
+        chain = sampler.chain if sampler.__class__ is _Constrained else sampler
+        self._C.llama_sampler_accept(chain, token)
 
     def sample(self, sampler: Any, index: int) -> int:
         """Pick a token from the logits of batch entry ``index`` (and accept it)."""
-        return int(self._C.llama_sampler_sample(sampler, self.ctx, index))
+        C = self._C
+        if sampler.__class__ is _Constrained:
+            constraint = sampler.constraint
+            constraint.mask(logits_view(C.llama_get_logits_ith(self.ctx, index), self.n_vocab))
+            token = int(C.llama_sampler_sample(sampler.chain, self.ctx, index))
+            constraint.accept(token)
+            return token
+        return int(C.llama_sampler_sample(sampler, self.ctx, index))
 
     def free_sampler(self, sampler: Any) -> None:
-        self._C.llama_sampler_free(sampler)
+        self._C.llama_sampler_free(sampler.chain if sampler.__class__ is _Constrained else sampler)
 
     # ---- KV cache ----
     def seq_remove(self, seq: int, p0: int = -1, p1: int = -1) -> bool:

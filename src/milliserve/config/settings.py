@@ -63,6 +63,11 @@ class HttpSettings(BaseModel):
     keep_alive_s: float = Field(5.0, gt=0)
     # open connections beyond this are answered 503 and closed at once; half the fd limit
     max_connections: int = Field(default_factory=lambda: _fd_share(2), ge=1)
+    # a generation stream (SSE): its socket's send buffer, and how long one chunk may wait
+    # for a client that stopped reading before the sequence is cancelled and the connection
+    # closed (docs/llm.md)
+    stream_buffer_bytes: int = Field(64 * 1024, ge=4096)
+    stream_write_timeout_s: float = Field(15.0, gt=0)
 
 
 class GrpcSettings(BaseModel):

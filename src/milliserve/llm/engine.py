@@ -32,6 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from milliserve.llm.admission import Preemption, WaitingRoom, ahead_of
 from milliserve.llm.prefix import HostCache, PrefixCache, common_prefix
 from milliserve.llm.sequence import Event, GenRequest, Sequence, held_back
 from milliserve.llm.threads import ThreadChoice
@@ -94,6 +95,7 @@ class Engine:
         speculate_below: int = 0,
         stats: GenerationStats | None = None,
         itl_budget_s: float | None = None,
+        preemption: str = "fair",
         name: str = "llm",
         spawn: Callable[[str, Callable[[], None]], threading.Thread] | None = None,
     ) -> None:
@@ -119,8 +121,15 @@ class Engine:
             list(range(max_sequences, max_sequences + prefix_slots)), min_prefix_tokens
         )
         self._running: list[Sequence] = []
-        self._waiting: deque[GenRequest] = deque()
+        # who runs next: priority, then fairness across clients (llm/admission.py)
+        self._waiting = WaitingRoom()
         self._incoming: deque[GenRequest] = deque()
+        self.preemption = Preemption(preemption, max_sequences)
+        self._suspended: dict[GenRequest, Sequence] = {}
+        self.suspended_bytes = 0
+        # suspended sequences' KV is held in host memory up to this (then nothing is suspended)
+        self.max_suspended_bytes = max(host_cache_bytes, 64 << 20)
+        self._cancels = False  # set by cancel(): the waiting room has a request to drop
         self._wake = threading.Event()
         self._stop = False
         # estimates, seeded by warmup(): seconds of a decode-only step, seconds per prefill token
@@ -135,6 +144,7 @@ class Engine:
         self.threads = ThreadChoice(1, batch)
         self.stats.running = lambda: len(self._running)
         self.stats.waiting = lambda: len(self._waiting) + len(self._incoming)
+        self.stats.suspended = lambda: len(self._suspended)
         self.stats.kv_tokens = lambda: sum(s.n_past for s in self._running)
         self.stats.kv_capacity = max_sequences * model.n_ctx_seq
         self.stats.host_cache_bytes = lambda: self.host.bytes
@@ -161,6 +171,7 @@ class Engine:
 
     def cancel(self, req: GenRequest) -> None:
         req.cancelled = True
+        self._cancels = True
         self._wake.set()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -177,20 +188,37 @@ class Engine:
     def running(self) -> int:
         return len(self._running)
 
-    def estimate_ttft(self, prompt_tokens: int) -> float:
-        """Seconds until a request of ``prompt_tokens`` (after prefix reuse) would get its
-        first token, given the queue and the running batch. Read without a lock.
+    def waiting_of(self, client: str) -> tuple[int, int]:
+        """(requests of ``client`` waiting, clients waiting or running): a snapshot."""
+        mine = sum(len(reqs) for _, c, reqs in self._waiting.snapshot() if c == client)
+        mine += sum(1 for r in list(self._incoming) if r.client == client)
+        return mine, len(self._waiting.clients() | {r.client for r in list(self._incoming)})
 
-        The prompts ahead count net of the prefix cache; when every slot is taken, a slot
-        frees when the soonest running sequence ends, expected after the usual output length
-        (learned from finished requests) or its ``max_tokens``, whichever is first."""
+    def clients_running(self) -> set[str]:
+        return set(dict(self._waiting.running))
+
+    def estimate_ttft(self, prompt_tokens: int, client: str = "", level: int = 0) -> float:
+        """Seconds until a request of ``prompt_tokens`` (after prefix reuse) from ``client``
+        at priority ``level`` would get its first token, given the queue and the running
+        batch. Read without a lock.
+
+        Only the requests it would wait behind count (llm.admission: higher levels, and
+        turns with the other clients), net of the prefix cache; when every slot is taken
+        and no preemption would give it one, a slot frees when the soonest running
+        sequence ends, expected after the usual output length (learned from finished
+        requests) or its ``max_tokens``, whichever is first."""
         running = list(self._running)
-        queued = list(self._waiting) + list(self._incoming)
+        lines = self._waiting.snapshot()
+        for r in list(self._incoming):
+            lines.append((r.level, r.client, [r]))
+        queued = sorted(ahead_of(lines, client, level), key=lambda r: r.arrival)
         ahead = sum(len(r.prompt) - (self.cached(r.prompt) if i < 8 else 0) for i, r in enumerate(queued))
         ahead += sum(len(s.req.prompt) - s.prefilled for s in running)
         decoding = sum(1 for s in running if s.prefilled == len(s.req.prompt))
         wait = 0.0
         short = len(running) + len(queued) + 1 - self.max_sequences
+        if short > 0 and self._would_preempt(client, level, running):
+            short = 0
         if short > 0:  # a slot must free first: the short-th soonest finisher
             typical = self.mean_output
             left = sorted(max(1.0, min(s.req.max_tokens, typical) - s.generated) for s in running)
@@ -198,6 +226,18 @@ class Engine:
         tokens = ahead + prompt_tokens
         steps = -(-tokens // max(1, self._prefill_budget(decoding)))
         return wait + steps * self.step_s + tokens * self.prefill_token_s
+
+    def _would_preempt(self, client: str, level: int, running: list[Sequence]) -> bool:
+        """Whether a request of ``client`` at ``level`` would suspend a running sequence
+        rather than wait for one to end (a snapshot; the engine decides for real)."""
+        p = self.preemption
+        if p.priority and any(s.req.level > level for s in running):
+            return True
+        if not p.fair:
+            return False
+        share = -(-self.max_sequences // max(1, len(self._waiting.clients() | {client})))
+        held = dict(self._waiting.running)
+        return held.get(client, 0) < share and any(n > share for n in held.values())
 
     def cached(self, prompt: list[int]) -> int:
         """Prompt tokens whose KV a new request could reuse now (a kept slot or a prefix
@@ -274,35 +314,38 @@ class Engine:
             log.exception("the generation engine stopped")
             for s in self._running:
                 s.req.emit(Event("", 0, "error", "the generation engine failed (logged)"))
-            for r in (*self._waiting, *self._incoming):
+            for r in (*self._waiting.drain(), *self._incoming):
                 r.emit(Event("", 0, "error", "the generation engine failed (logged)"))
             self._running.clear()
-            self._waiting.clear()
             self._incoming.clear()
         finally:
             for s in self._running:
                 s.req.emit(Event("", 0, "abort", "the model is unloading"))
                 self.model.free_sampler(s.sampler)
-            for r in (*self._waiting, *self._incoming):
+            for r in (*self._waiting.drain(), *self._incoming):
                 r.emit(Event("", 0, "abort", "the model is unloading"))
+            for s in self._suspended.values():
+                self.model.free_sampler(s.sampler)
+            self._suspended.clear()
 
     def _step(self) -> None:
         m = self.model
         now = time.perf_counter()
         while self._incoming:
-            self._waiting.append(self._incoming.popleft())
+            self._waiting.push(self._incoming.popleft())
         # cancellations: free at once
         if any(s.req.cancelled for s in self._running):
             for s in [s for s in self._running if s.req.cancelled]:
                 self._finish(s, "abort", now)
-        if any(r.cancelled for r in self._waiting):
-            for r in [r for r in self._waiting if r.cancelled]:
-                self._waiting.remove(r)
-                self._count("abort")
-                r.emit(Event("", 0, "abort"))
-        # admission
+        if self._cancels:
+            self._cancels = False
+            for r in self._waiting.take_cancelled():
+                self._drop_waiting(r)
+        # admission: priority, then fairness (llm/admission.py); preemption makes room
         while self._waiting and self._free:
-            self._admit(self._waiting.popleft(), now)
+            self._admit(self._waiting.pop(), now)  # type: ignore[arg-type]
+        while self._waiting and not self._free and self._preempt(now):
+            self._admit(self._waiting.pop(), now)  # type: ignore[arg-type]
         if not self._running:
             return
         # the batch. With one KV buffer per sequence, llama.cpp splits a batch into micro-batches
@@ -481,7 +524,67 @@ class Engine:
             return
         self.host.put(tokens, self.model.save_seq(slot), now)
 
+    def _drop_waiting(self, r: GenRequest) -> None:
+        s = self._suspended.pop(r, None)
+        if s is not None:  # a suspended sequence whose client left
+            self.suspended_bytes -= len(s.saved)
+            s.saved = b""
+            self.model.free_sampler(s.sampler)
+        self._count("abort")
+        r.emit(Event("", 0, "abort"))
+
+    def _preempt(self, now: float) -> bool:
+        """Suspend the running sequence the preemption policy names for the head of the
+        queue, if any: its KV goes to host memory and its slot is free."""
+        head = self._waiting.head()
+        if head is None:
+            return False
+        s = self.preemption.victim(head, self._running, self._waiting)
+        if s is None:
+            return False
+        m = self.model
+        data = m.save_seq(s.slot)
+        if not data or self.suspended_bytes + len(data) > self.max_suspended_bytes:
+            return False
+        self.suspended_bytes += len(data)
+        s.saved = data
+        self._running.remove(s)
+        m.seq_remove(s.slot)
+        self._kept.pop(s.slot, None)
+        heapq.heappush(self._free, s.slot)
+        self._waiting.ended(s.req.client)
+        self._suspended[s.req] = s
+        self._waiting.push(s.req, front=True)
+        self.stats.preempted += 1
+        return True
+
+    def _resume(self, s: Sequence, now: float) -> None:
+        """A suspended sequence takes a free slot again, its KV restored from host memory."""
+        m = self.model
+        slot = self._slot_for(s.history[: s.n_past])
+        kept = self._kept.pop(slot, None)
+        if kept is not None and self.host.max_bytes:
+            self._save(slot, kept, now)
+        data, s.saved = s.saved, b""
+        self.suspended_bytes -= len(data)
+        if not m.load_seq(slot, data):
+            log.error("restoring a suspended sequence's %d tokens failed", s.n_past)
+            m.seq_remove(slot)
+            heapq.heappush(self._free, slot)
+            m.free_sampler(s.sampler)
+            self._count("error")
+            s.req.emit(Event("", 0, "error", "the sequence could not be resumed after preemption"))
+            return
+        s.slot = slot
+        s.ran_from = s.generated
+        self._running.append(s)
+        self._waiting.started(s.req.client)
+
     def _admit(self, req: GenRequest, now: float) -> None:
+        suspended = self._suspended.pop(req, None)
+        if suspended is not None:
+            self._resume(suspended, now)
+            return
         m = self.model
         slot = self._slot_for(req.prompt)
         reused = self._reuse(slot, req.prompt, now)
@@ -491,6 +594,7 @@ class Engine:
                 m.accept(sampler, t)
         s = Sequence(req, slot, sampler, reused, now)
         self._running.append(s)
+        self._waiting.started(req.client)
         st = self.stats
         st.prompt_tokens += len(req.prompt)
         st.cached_prompt_tokens += reused
@@ -557,6 +661,7 @@ class Engine:
     ) -> None:
         m = self.model
         self._running.remove(s)
+        self._waiting.ended(s.req.client)
         if reason == "error" or not self.reuse_slots:  # (on error, the step's KV writes are void)
             m.seq_remove(s.slot)
         else:  # kept for a prompt that begins the same way

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from milliserve.errors import RequestError
+from milliserve.llm.fields import check_generate_fields, check_openai_fields, priority_of, schema_of
 
 __all__ = [
     "ChatMessage",
@@ -60,6 +61,12 @@ class GenerationParams:
     stream: bool = False
     include_usage: bool = False
     model: str = ""
+    # the JSON schema the answer must follow (``response_format``), None for free text
+    schema: dict[str, Any] | None = None
+    # the requested priority level (1 first; None: the model's default; fields.LOWEST_PRIORITY)
+    priority: int | None = None
+    # who sent it, for fair admission (set by the front end: the peer's address)
+    client: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -150,6 +157,7 @@ def parse_openai(doc: Any, chat: bool) -> GenerationParams:
     """A ``/v1/chat/completions`` (chat) or ``/v1/completions`` body."""
     if not isinstance(doc, dict):
         raise RequestError("the request body must be a JSON object")
+    check_openai_fields(doc, chat)
     p = GenerationParams()
     model = doc.get("model")
     if not isinstance(model, str) or not model:
@@ -182,6 +190,8 @@ def parse_openai(doc: Any, chat: bool) -> GenerationParams:
         if not isinstance(opts, dict):
             raise RequestError("'stream_options' must be an object", "stream_options")
         p.include_usage = bool(opts.get("include_usage", False))
+    p.priority = priority_of(doc)
+    p.schema = schema_of(doc.get("response_format"))
     return p
 
 
@@ -212,10 +222,13 @@ def parse_generate(doc: Any) -> GenerationParams:
         merged.update(sp)
     if "stop_words" in merged and "stop" not in merged:
         merged["stop"] = merged.pop("stop_words") or None
+    check_generate_fields(merged)
     p = GenerationParams(prompt=text)
     _sampling(merged, p)
     stream = merged.get("stream", False)
     p.stream = bool(stream) if isinstance(stream, bool | int) else False
+    p.priority = priority_of(merged)
+    p.schema = schema_of(merged.get("response_format"))
     return p
 
 

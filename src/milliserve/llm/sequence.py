@@ -41,6 +41,8 @@ class GenRequest:
     penalties: bool = False  # feed the prompt to the sampler's history
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
+    client: str = ""  # who sent it (fair admission: llm.admission)
+    level: int = 0  # priority level, 0 first
 
 
 class Sequence:
@@ -63,8 +65,10 @@ class Sequence:
         "n_past",
         "pending",
         "prefilled",
+        "ran_from",
         "req",
         "sampler",
+        "saved",
         "slot",
         "stop_len",
     )
@@ -92,6 +96,13 @@ class Sequence:
         self.accepted = 0
         self.accept_rate = 1.0
         self.accept_run = 3.0  # drafted tokens accepted per verifying step (EWMA)
+        self.ran_from = 0  # tokens generated when it was admitted or last resumed
+        self.saved = b""  # its KV while it is suspended (preemption)
+
+    @property
+    def decoding(self) -> bool:
+        """Its prompt is all in the KV cache: it generates a token a step."""
+        return self.prefilled == len(self.req.prompt)
 
     def push_history(self, token: int) -> None:
         self.index.setdefault(token, []).append(len(self.history))

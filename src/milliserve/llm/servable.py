@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,6 +35,7 @@ from milliserve.errors import (
     ServerShuttingDownError,
 )
 from milliserve.llm.engine import Engine
+from milliserve.llm.fields import LOWEST_PRIORITY
 from milliserve.llm.protocol import GenerationParams, parse_generate
 from milliserve.llm.sequence import Event, GenRequest
 from milliserve.protocol.datatypes import BYTES
@@ -51,6 +54,11 @@ TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"
 MAX_PROMPT_BYTES = 1 << 20
 # prompts longer than this are tokenized off the event loop
 OFFLOAD_CHARS = 16384
+
+
+def _check_size(text: str, contents: int = 0) -> None:
+    if max(len(text), contents) > MAX_PROMPT_BYTES or len(text.encode()) > MAX_PROMPT_BYTES:
+        raise RequestError(f"the prompt is over {MAX_PROMPT_BYTES} bytes", "messages")
 
 
 def _io_config(config: ModelConfig) -> ModelConfig:
@@ -124,6 +132,7 @@ class GenerativeServable:
             speculate_below=options.speculate_below,
             stats=self.gen_stats,
             itl_budget_s=itl,
+            preemption=options.preemption,
             name=config.name,
             spawn=executor.thread if executor is not None else None,
         )
@@ -158,6 +167,9 @@ class GenerativeServable:
         t0 = time.perf_counter()
         n_seq = options.max_sequences + options.prefix_cache_slots
         model = await executor.run_load(factory.load_model, path, options, n_seq)
+        grammars = getattr(model, "grammars", None)
+        if grammars is not None:  # structured output's tokenizer, built once (~0.3 s)
+            await executor.run_load(grammars.warm)
         try:
             servable = cls(cfg, version, model, options, executor)
         except BaseException:
@@ -210,8 +222,12 @@ class GenerativeServable:
             log.warning("the model's chat template does not compile (%s); using ChatML", exc)
             return None
 
-    def render_chat(self, params: GenerationParams) -> str:
-        msgs = [{"role": m.role, "content": m.content} for m in params.messages or []]
+    def render_chat(self, params: GenerationParams, contents: list[str] | None = None) -> str:
+        """The chat as the model's template renders it (with ``contents`` in place of the
+        messages' contents, when given)."""
+        given = params.messages or []
+        texts = contents if contents is not None else [m.content for m in given]
+        msgs = [{"role": m.role, "content": t} for m, t in zip(given, texts, strict=True)]
         if self._template is None:  # ChatML, the common default
             body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
             return body + "<|im_start|>assistant\n"
@@ -231,16 +247,51 @@ class GenerativeServable:
 
     def tokens_of(self, params: GenerationParams) -> list[int]:
         if params.messages is not None:
+            return self._chat_tokens(params)
+        text = params.prompt or ""
+        _check_size(text)
+        return list(self.model.tokenize(text, add_special=self.model.add_bos, parse_special=False))
+
+    def _chat_tokens(self, params: GenerationParams) -> list[int]:
+        """The chat's tokens, where only the template's text can become control tokens: a
+        user who writes ``<|im_end|>`` gets those characters tokenized as text, never the
+        token that ends a turn. The template is rendered with a marker in place of each
+        message's content; its own text is tokenized with special tokens parsed, the
+        contents without."""
+        model = self.model
+        msgs = params.messages or []
+        nonce = secrets.token_hex(8)
+        marks = [f"\x00{nonce}:{i}\x00" for i in range(len(msgs))]
+        marked = self.render_chat(params, marks)
+        _check_size(marked, sum(len(m.content) for m in msgs))
+        special = model.add_bos and not (model.bos_text and marked.startswith(model.bos_text))
+        pieces = re.split(f"\x00{nonce}:(\\d+)\x00", marked)
+        if self._template is not None and self.render_chat(params) != "".join(
+            msgs[int(p)].content if i % 2 else p for i, p in enumerate(pieces)
+        ):
+            # the template changes the contents (trims them, say): tokenize the whole, and
+            # refuse contents that hold control-token text
+            self._refuse_control_text(msgs)
             text = self.render_chat(params)
-            special = self.model.add_bos and not (
-                self.model.bos_text and text.startswith(self.model.bos_text)
-            )
-        else:
-            text = params.prompt or ""
-            special = self.model.add_bos
-        if len(text) > MAX_PROMPT_BYTES or len(text.encode()) > MAX_PROMPT_BYTES:
-            raise RequestError(f"the prompt is over {MAX_PROMPT_BYTES} bytes", "messages")
-        return list(self.model.tokenize(text, add_special=special, parse_special=params.messages is not None))
+            return list(model.tokenize(text, add_special=special, parse_special=True))
+        out: list[int] = []
+        for i, piece in enumerate(pieces):
+            if not piece:
+                continue
+            if i % 2:
+                out += model.tokenize(msgs[int(piece)].content, add_special=False, parse_special=False)
+            else:
+                out += model.tokenize(piece, add_special=special and not out, parse_special=True)
+        return out
+
+    def _refuse_control_text(self, msgs: list[Any]) -> None:
+        for i, m in enumerate(msgs):
+            if self.model.tokenize(m.content, False, True) != self.model.tokenize(m.content, False, False):
+                raise RequestError(
+                    f"messages[{i}]: the content holds the text of a control token, which this "
+                    "model's chat template cannot keep apart from its own",
+                    "messages",
+                )
 
     # ---- generation ----
     async def generate(self, params: GenerationParams) -> GenerationStream:
@@ -276,14 +327,11 @@ class GenerativeServable:
                 "max_tokens",
             )
         engine = self.engine
-        if engine.waiting >= self.options.max_queue and engine.running >= self.options.max_sequences:
-            raise QueueFullError(
-                f"model {self.config.name!r}: {engine.waiting} requests are waiting (max_queue "
-                f"{self.options.max_queue})"
-            )
+        level = self._level(params.priority)
+        self._admissible(params.client)
         if self.ttft_budget_s is not None and (engine.running or engine.waiting):
             cached = engine.cached(prompt)
-            est = engine.estimate_ttft(len(prompt) - max(0, cached))
+            est = engine.estimate_ttft(len(prompt) - max(0, cached), params.client, level)
             if est > self.ttft_budget_s:
                 self.gen_stats.refused_budget += 1
                 raise OverBudgetError(
@@ -299,6 +347,12 @@ class GenerativeServable:
 
         from milliserve.backends.llama_cpp import SamplerSpec
 
+        constraint = None
+        if params.schema is not None:  # compiled off the event loop (about a millisecond)
+            if self._executor is not None:
+                constraint = await self._executor.offload(self.model.compile_schema, params.schema)
+            else:
+                constraint = await asyncio.to_thread(self.model.compile_schema, params.schema)
         spec = SamplerSpec(
             temperature=params.temperature,
             top_p=params.top_p,
@@ -307,6 +361,7 @@ class GenerativeServable:
             repetition_penalty=params.repetition_penalty,
             frequency_penalty=params.frequency_penalty,
             presence_penalty=params.presence_penalty,
+            constraint=constraint,
         )
         penalties = spec.repetition_penalty != 1.0 or bool(spec.frequency_penalty or spec.presence_penalty)
         req = GenRequest(
@@ -316,12 +371,57 @@ class GenerativeServable:
             emit,
             stop=params.stop,
             ignore_eos=params.ignore_eos,
-            speculate=params.speculate,
+            # drafts are verified without the grammar: a constrained sequence does not draft
+            speculate=params.speculate and constraint is None,
             penalties=penalties,
             arrival=arrival,
+            client=params.client,
+            level=level,
         )
         engine.submit(req)
         return GenerationStream(self, req, queue)
+
+    def _level(self, priority: int | None) -> int:
+        """The queue level (0 first) of a request's ``priority`` (1 first; None: the default)."""
+        levels: int = self.options.priority_levels
+        default: int = self.options.default_priority_level
+        if priority is None:
+            return default - 1
+        if priority == LOWEST_PRIORITY:
+            return levels - 1
+        if not 1 <= priority <= levels:
+            raise RequestError(
+                f"'priority' must be in 1..{levels} for model {self.config.name!r} (1 is served "
+                f"first; 0 or none: level {default}), got {priority}",
+                "priority",
+            )
+        return priority - 1
+
+    def _admissible(self, client: str) -> None:
+        """Refuse a request the queue cannot take: 503 when it is full, 429 when its client
+        already has its share of it: the queue less an eighth kept for newcomers, over the
+        clients waiting. A client alone may fill seven eighths; a second one that arrives
+        while it floods finds room, and both then have half of that."""
+        engine = self.engine
+        opts = self.options
+        if engine.running < opts.max_sequences and not engine.waiting:
+            return
+        if engine.waiting >= opts.max_queue:
+            raise QueueFullError(
+                f"model {self.config.name!r}: {engine.waiting} requests are waiting (max_queue "
+                f"{opts.max_queue})"
+            )
+        mine, clients = engine.waiting_of(client)
+        others = clients - (1 if mine or client in engine.clients_running() else 0)
+        reserve = max(1, opts.max_queue // 8)
+        share = max(1, (opts.max_queue - reserve) // (others + 1))
+        if mine >= share:
+            self.gen_stats.refused_share += 1
+            raise OverBudgetError(
+                f"model {self.config.name!r}: this client already has {mine} requests waiting, its "
+                f"share of the queue (max_queue {opts.max_queue} less {reserve} kept for newcomers, "
+                f"over {others + 1} clients); retry when one has started"
+            )
 
     async def complete(self, params: GenerationParams) -> tuple[str, Event]:
         """The whole answer: its text and the last event (finish reason, usage, timing)."""

@@ -202,6 +202,8 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
         "cached_prompt_tokens": "Prompt tokens whose KV came from a cache (kept, prefix or host)",
         "host_cache_hits": "Prompts whose beginning's KV was restored from host memory (prompt_cache_mib)",
         "refused_budget": "Requests refused because their first token would miss budget.ttft_ms",
+        "refused_share": "Requests refused because their client already had its share of the queue",
+        "preempted": "Sequences suspended (KV to host memory) so that another client's could run",
         "draft_tokens": "Tokens drafted for speculative decoding",
         "accepted_tokens": "Drafted tokens the model accepted",
         "steps": "Engine steps (one llama_decode each)",
@@ -214,6 +216,9 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
     )
     running = GaugeMetricFamily(_P + "generation_running", "Sequences being generated", labels=_MV)
     waiting = GaugeMetricFamily(_P + "generation_waiting", "Requests waiting for a sequence", labels=_MV)
+    suspended = GaugeMetricFamily(
+        _P + "generation_suspended", "Sequences suspended by preemption, waiting to resume", labels=_MV
+    )
     kv = GaugeMetricFamily(
         _P + "generation_kv_tokens", "KV cache cells held by running sequences", labels=_MV
     )
@@ -239,8 +244,10 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
             finished.add_metric([*lv, reason], k)
         running.add_metric(lv, g.running())
         waiting.add_metric(lv, g.waiting())
+        suspended.add_metric(lv, g.suspended())
         kv.add_metric(lv, g.kv_tokens())
         kv_cap.add_metric(lv, g.kv_capacity)
         host.add_metric(lv, g.host_cache_bytes())
         accept.add_metric(lv, g.accepted_tokens / g.draft_tokens if g.draft_tokens else 0.0)
-    yield from (*fam.values(), *cfam.values(), finished, running, waiting, kv, kv_cap, host, accept)
+    yield from (*fam.values(), *cfam.values(), finished, running, waiting, suspended)
+    yield from (kv, kv_cap, host, accept)

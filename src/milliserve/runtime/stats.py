@@ -98,6 +98,9 @@ class GenerationStats:
     host_cache_bytes: Callable[[], int] = lambda: 0
     finished: dict[str, int] = field(default_factory=dict)  # by finish reason (stop, length, abort, ...)
     refused_budget: int = 0
+    refused_share: int = 0  # refused because their client's queue was over its share
+    preempted: int = 0  # sequences suspended so that another could run (llm.admission)
+    suspended: Callable[[], int] = lambda: 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     steps: int = 0

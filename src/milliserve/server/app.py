@@ -115,7 +115,7 @@ class Server:
             (self.local_metrics if local else self.metrics_text) if self.settings.metrics.enabled else None
         )
         h = self.settings.http
-        return HttpApp(
+        app = HttpApp(
             self.dataplane,
             h.max_request_bytes,
             self.auth,
@@ -125,6 +125,8 @@ class Server:
             self.edge_files,
             local_only=local,
         )
+        app.generate.configure_streams(h.stream_write_timeout_s, h.stream_buffer_bytes)
+        return app
 
     def _uvicorn(self, app: Any, limits: ConnectionLimits, graceful_s: float) -> _Uvicorn:
         # the socket is bound by bind_tcp (host and port are not uvicorn's); the protocol

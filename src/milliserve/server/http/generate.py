@@ -5,7 +5,12 @@
 
 While a stream runs, a watcher reads the connection: a client that disconnects cancels
 its sequence at once (the engine frees it within one decoding step), not when the next
-token fails to send.
+token fails to send. A client that stays connected and stops reading holds little: a
+stream's socket buffer is small (``stream_buffer_bytes``), and a chunk that cannot be
+written within ``stream_write_timeout_s`` cancels the sequence and closes the connection.
+
+Requests carry their client (the peer's address) to the engine's admission, which takes
+turns between clients (llm/admission.py).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -50,6 +56,20 @@ _SSE = [
 _DONE = b"data: [DONE]\n\n"
 
 
+def _client_of(scope: dict[str, Any]) -> str:
+    """Who sent the request, for fair admission: the peer's address (its port is not part
+    of it: every connection has its own). A token would tell clients apart only if the
+    server checked one per client; it checks one for all, and a header it did not check
+    would let one client pose as many."""
+    peer = scope.get("client")
+    return str(peer[0]) if peer else ""
+
+
+def _transport(send: Send) -> Any:
+    """The connection's transport behind uvicorn's ``send`` (None on another ASGI server)."""
+    return getattr(getattr(send, "__self__", None), "transport", None)
+
+
 def _sse(doc: dict[str, Any]) -> bytes:
     return b"data: " + encode_json(doc) + b"\n\n"
 
@@ -67,10 +87,23 @@ async def _disconnected(receive: Receive) -> None:
 class GenerateRoutes:
     """The generation routes of one HttpApp."""
 
-    def __init__(self, dataplane: DataPlane, read_body: ReadBody) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        read_body: ReadBody,
+        write_timeout_s: float = 15.0,
+        buffer_bytes: int = 64 << 10,
+    ) -> None:
         self.dp = dataplane
         self._read_body = read_body
         self.disconnects = 0
+        self.stalled = 0  # streams cancelled because their client stopped reading
+        self.configure_streams(write_timeout_s, buffer_bytes)
+
+    def configure_streams(self, write_timeout_s: float, buffer_bytes: int) -> None:
+        """What a stream whose client does not read may hold (``HttpSettings``)."""
+        self.write_timeout_s = write_timeout_s
+        self.buffer_bytes = buffer_bytes
 
     @staticmethod
     def handles(method: str, parts: list[str]) -> bool:
@@ -151,6 +184,7 @@ class GenerateRoutes:
             raise NotFoundError(f"no route for {method} {scope['path']}")
         chat = rest[0] == "chat"
         params = parse_openai(await self._body(scope, receive), chat)
+        params.client = _client_of(scope)
         servable = self.dp.generative(params.model)
         if not params.stream:
             text, last = await self._complete(servable, params, receive)
@@ -199,6 +233,7 @@ class GenerateRoutes:
             version = rest[2]
         servable = self.dp.generative(name, version)
         params = parse_generate(await self._body(scope, receive))
+        params.client = _client_of(scope)
         streaming = rest[-1] == "generate_stream"
         head = {"model_name": servable.config.name, "model_version": servable.version}
         if not streaming:
@@ -238,6 +273,18 @@ class GenerateRoutes:
         return task.result()
 
     # ---- SSE with disconnect detection ----
+    def _bound(self, send: Send) -> Any:
+        """Make the stream's buffers small (a client that stops reading then blocks the
+        next write instead of soaking up megabytes of text in socket buffers)."""
+        transport = _transport(send)
+        if transport is None:
+            return None
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            transport.set_write_buffer_limits(high=self.buffer_bytes)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.buffer_bytes)
+        return transport
     async def _stream(
         self,
         servable: EngineClient,
@@ -256,12 +303,22 @@ class GenerateRoutes:
 
         watcher = asyncio.create_task(watch())
         error: BaseException | None = None
+        transport = self._bound(send)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": list(_SSE)})
             async for chunk in chunks:
                 if gone.is_set():
                     raise _Gone
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                try:
+                    async with asyncio.timeout(self.write_timeout_s):
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                except TimeoutError:  # the client stopped reading: free its slot, drop it
+                    self.stalled += 1
+                    gone.set()
+                    stream.cancel()
+                    if transport is not None:
+                        transport.abort()
+                    raise _Gone from None
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except _Gone as exc:
             error = asyncio.CancelledError()
