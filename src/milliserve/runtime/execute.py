@@ -249,9 +249,14 @@ class BatchExecute:
             return
         elapsed = time.perf_counter() - started
         items = sum(it.batch_size for it in batch)
-        if inline and per_work is not None:  # keep the inline estimate honest
-            self._inline_per_work = per_work + 0.1 * (infer_ns / 1e9 / max(work, 1) - per_work)
-            self.inline_runs += 1
+        if per_work is not None:
+            # Keep the inline estimate honest, from the runs on the worker too: once the
+            # estimate is over the bound no batch runs inline, and an estimate fed by inline
+            # runs only would stay there for good. A run that was preempted (a busy machine)
+            # counts at most twice the estimate, so that a spike moves it by 10%, not 10x.
+            seen = min(infer_ns / 1e9 / max(work, 1), 2 * per_work)
+            self._inline_per_work = per_work + 0.1 * (seen - per_work)
+            self.inline_runs += inline
         if self.estimator.active:
             self.estimator.observe(work, elapsed, items, started + elapsed)
         queue_ns = [int((it.dispatched - it.enqueued) * 1e9) for it in batch]
