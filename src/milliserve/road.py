@@ -12,7 +12,11 @@ A servable (a model, a pipeline) builds a list of small objects, each with one j
   for a pipeline.
 
 ``build_road`` links them into one callable, so a request simply walks the list and a
-new feature is a new class in a servable's list, never an ``if`` in the runtime.
+new feature is a new class in a servable's list, never an ``if`` in the runtime. It also
+links a second chain of the same stages, ``road.traced``, that records each stage's span
+(its start and end, not only its time) in the request's ``SpanLog``: a servable walks it
+only for a request that carries one (``request.trace``, set where tracing is on), so a
+server without tracing pays nothing for it on the road (``observability/tracing.py``).
 
 Pipeline **steps** (``Step``) read and write named tensors; the tokenizer and feature
 steps serve both pipelines and models (a model's road wraps them in a stage).
@@ -37,6 +41,8 @@ __all__ = [
     "Handler",
     "Offload",
     "Outputs",
+    "Road",
+    "SpanLog",
     "Stage",
     "Step",
     "Tensors",
@@ -109,14 +115,53 @@ class Step(Protocol):
     async def run(self, tensors: Tensors, call: Call) -> None: ...
 
 
-class _Timed:
-    """A run of plain stages, each timed, then the rest of the road."""
+class SpanLog:
+    """The spans a traced request's road records: ``[name, start, end, parent, attributes]``
+    with times from ``time.perf_counter()`` and ``parent`` the index of the enclosing span
+    (-1: the request's own). A span opened with ``open`` encloses those added until it is
+    closed (a servable, a cache lookup around the rest of the road, a pipeline step)."""
 
-    __slots__ = ("rest", "stages")
+    __slots__ = ("parent", "spans")
+
+    def __init__(self) -> None:
+        self.spans: list[list[Any]] = []
+        self.parent = -1
+
+    def add(self, name: str, start: float, end: float, attributes: dict[str, Any] | None = None) -> int:
+        self.spans.append([name, start, end, self.parent, attributes])
+        return len(self.spans) - 1
+
+    def open(self, name: str, start: float, attributes: dict[str, Any] | None = None) -> int:
+        index = self.add(name, start, start, attributes)
+        self.spans[index][2] = None  # open
+        self.parent = index
+        return index
+
+    def close(self, index: int, end: float, attributes: dict[str, Any] | None = None) -> None:
+        span = self.spans[index]
+        span[2] = end
+        if attributes:
+            span[4] = {**(span[4] or {}), **attributes}
+        self.parent = span[3]
+
+    def absorb(self, other: SpanLog) -> None:
+        """``other``'s spans (another request's, e.g. a pipeline's model step) under the span
+        open here now."""
+        base, under = len(self.spans), self.parent
+        for name, start, end, parent, attributes in other.spans:
+            self.spans.append([name, start, end, under if parent < 0 else parent + base, attributes])
+
+
+class _Timed:
+    """A run of plain stages, each timed, then the rest of the road. The head of a road
+    also holds ``traced``: the same stages, recording their spans."""
+
+    __slots__ = ("rest", "stages", "traced")
 
     def __init__(self, stages: Sequence[Stage], rest: Handler) -> None:
         self.stages = tuple(stages)
         self.rest = rest
+        self.traced: Handler = rest
 
     async def __call__(self, call: Call) -> Outputs:
         stages = call.stages
@@ -129,16 +174,94 @@ class _Timed:
         return await self.rest(call)
 
 
-def build_road(stages: Sequence[Stage | Around], terminal: Handler) -> Handler:
-    """Link ``stages`` (in request order) and ``terminal`` into one callable."""
-    road: Handler = terminal
+class _Recorded:
+    """A run of plain stages, each timed and its span recorded, then the rest of the road."""
+
+    __slots__ = ("rest", "stages")
+
+    def __init__(self, stages: Sequence[Stage], rest: Handler) -> None:
+        self.stages = tuple(stages)
+        self.rest = rest
+
+    async def __call__(self, call: Call) -> Outputs:
+        stages = call.stages
+        log: SpanLog = call.request.trace
+        clock = time.perf_counter
+        for stage in self.stages:
+            t0 = clock()
+            await stage.run(call)
+            t1 = clock()
+            name = stage.stage
+            stages[name] = stages.get(name, 0.0) + (t1 - t0)
+            log.add(name, t0, t1)
+        return await self.rest(call)
+
+
+class _RecordedAround:
+    """An around stage (the cache) as one span that encloses the rest of the road."""
+
+    __slots__ = ("name", "rest", "stage")
+
+    def __init__(self, stage: Around, rest: Handler) -> None:
+        self.stage, self.rest = stage, rest
+        self.name = str(getattr(stage, "stage", type(stage).__name__))
+
+    async def __call__(self, call: Call) -> Outputs:
+        log: SpanLog = call.request.trace
+        index = log.open(self.name, time.perf_counter())
+        try:
+            return await self.stage.around(call, self.rest)
+        finally:
+            log.close(index, time.perf_counter())
+
+
+class _RecordedTerminal:
+    """The terminal; when it records no span of its own (a model's batcher), the stages it
+    timed (queue, infer) become spans laid end to end, ending when it returned."""
+
+    __slots__ = ("terminal",)
+
+    def __init__(self, terminal: Handler) -> None:
+        self.terminal = terminal
+
+    async def __call__(self, call: Call) -> Outputs:
+        log: SpanLog = call.request.trace
+        stages = call.stages
+        before, count = dict(stages), len(log.spans)
+        t0 = time.perf_counter()
+        outputs = await self.terminal(call)
+        end = time.perf_counter()
+        if len(log.spans) == count:
+            added = [(k, v - before.get(k, 0.0)) for k, v in stages.items() if v > before.get(k, 0.0)]
+            start = max(t0, end - sum(d for _, d in added))
+            for name, d in added:
+                log.add(name, start, min(start + d, end))
+                start += d
+        return outputs
+
+
+def _link(stages: Sequence[Stage | Around], terminal: Handler, traced: bool) -> Handler:
+    road: Handler = _RecordedTerminal(terminal) if traced else terminal
+    run = _Recorded if traced else _Timed
     plain: list[Stage] = []
     for stage in reversed(stages):
         if isinstance(stage, Around):
             if plain:
-                road = _Timed(plain[::-1], road)
+                road = run(plain[::-1], road)
                 plain = []
-            road = functools.partial(stage.around, rest=road)
+            road = _RecordedAround(stage, road) if traced else functools.partial(stage.around, rest=road)
         else:
             plain.append(stage)
-    return _Timed(plain[::-1], road) if plain else road
+    return run(plain[::-1], road)
+
+
+Road = _Timed
+
+
+def build_road(stages: Sequence[Stage | Around], terminal: Handler) -> Road:
+    """Link ``stages`` (in request order) and ``terminal`` into one callable; its ``traced``
+    is the same road recording spans (for a request whose ``trace`` is a SpanLog)."""
+    road = _link(stages, terminal, traced=False)
+    head = road if isinstance(road, _Timed) else _Timed((), road)
+    head.traced = _link(stages, terminal, traced=True)
+    return head

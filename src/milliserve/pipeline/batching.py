@@ -39,7 +39,7 @@ import numpy as np
 from milliserve.errors import BackendError, ConfigError, MilliserveError
 from milliserve.features.tokenize import TokenizerStep
 from milliserve.protocol.types import InferRequest, InferTensor
-from milliserve.road import BatchCall, Call, Outputs, Step
+from milliserve.road import BatchCall, Call, Outputs, SpanLog, Step
 from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
 from milliserve.runtime.validation import Signature
 
@@ -136,6 +136,8 @@ class BatchedSteps:
         waited = item.dispatched - item.enqueued
         if waited > 0:
             call.stages["queue"] = call.stages.get("queue", 0.0) + waited
+            if call.request.trace is not None:
+                call.request.trace.add("queue", item.enqueued, item.dispatched)
         return outputs
 
     async def _run(self, batch: list[QueuedRequest], index: int) -> None:
@@ -147,6 +149,10 @@ class BatchedSteps:
             whole = self._joined(members)
             outputs = await self.steps(whole)
             self._split(members, whole, outputs)
+            for it in members:  # the batch's step spans, in each traced member's trace
+                log = it.call.request.trace if it.call is not None else None
+                if log is not None:
+                    log.absorb(whole.request.trace)
         except MilliserveError:
             # one request's data, or its deadline, may fail the batch: each alone, so only
             # its sender sees the error
@@ -175,8 +181,14 @@ class BatchedSteps:
             data = np.concatenate([it.inputs[t.name] for it in members])
             inputs.append(InferTensor(t.name, t.datatype, tuple(data.shape), data))
         deadlines = [c.deadline for c in calls if c.deadline is not None]
+        traced = any(c.request.trace is not None for c in calls)
         request = InferRequest(
-            first.model_name, first.model_version, inputs, id=first.id, parameters=first.parameters
+            first.model_name,
+            first.model_version,
+            inputs,
+            id=first.id,
+            parameters=first.parameters,
+            trace=SpanLog() if traced else None,
         )
         parts = tuple(c.batch_size for c in calls)
         return BatchCall(

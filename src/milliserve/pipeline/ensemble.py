@@ -127,13 +127,16 @@ class RunSteps:
         request = call.request
         tensors: Tensors = {t.name: t for t in request.inputs}
         stages = call.stages
-        for step in self.steps:
-            if step.stage:
-                start = time.perf_counter()
-                await step.run(tensors, call)
-                stages[step.stage] = stages.get(step.stage, 0.0) + time.perf_counter() - start
-            else:  # a model step adds the model's own stages
-                await step.run(tensors, call)
+        if request.trace is not None:
+            await self._traced(tensors, call)
+        else:
+            for step in self.steps:
+                if step.stage:
+                    start = time.perf_counter()
+                    await step.run(tensors, call)
+                    stages[step.stage] = stages.get(step.stage, 0.0) + time.perf_counter() - start
+                else:  # a model step adds the model's own stages
+                    await step.run(tensors, call)
         wanted = [o.name for o in request.outputs] if request.outputs else list(self.outputs)
         out = []
         for name in wanted:
@@ -149,6 +152,20 @@ class RunSteps:
         stats.execution_count += 1
         stats.last_inference_ms = int(time.time() * 1000)  # wall clock: Triton reports epoch ms
         return out
+
+    async def _traced(self, tensors: Tensors, call: Call) -> None:
+        """The steps, each a span (a model step's holds the model's own spans)."""
+        stages, log = call.stages, call.request.trace
+        for step in self.steps:
+            start = time.perf_counter()
+            index = log.open(step.name, start, {"milliserve.stage": step.stage} if step.stage else None)
+            try:
+                await step.run(tensors, call)
+            finally:
+                end = time.perf_counter()
+                log.close(index, end)
+            if step.stage:
+                stages[step.stage] = stages.get(step.stage, 0.0) + end - start
 
 
 class PipelineRuntime(RoadServable):

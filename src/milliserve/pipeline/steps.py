@@ -22,7 +22,7 @@ from milliserve.config.steps import PipelineStep, PythonStep, Rules
 from milliserve.errors import BackendError, ConfigError, MilliserveError
 from milliserve.protocol.datatypes import numpy_to_oip
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
-from milliserve.road import Call, Tensors
+from milliserve.road import Call, SpanLog, Tensors
 
 __all__ = ["ModelCall", "PythonCall", "RulesStep", "load_function", "tensor"]
 
@@ -238,6 +238,15 @@ class ModelCall(_Named):
         call.notes.update(response.parameters)
 
     async def run(self, tensors: Tensors, call: Call) -> None:
-        response = await self.infer(self.request(tensors, call))
+        request = self.request(tensors, call)
+        log = call.request.trace
+        if log is None:
+            response = await self.infer(request)
+        else:  # the model's spans under this step's
+            request.trace = SpanLog()
+            try:
+                response = await self.infer(request)
+            finally:
+                log.absorb(request.trace)
         self.write(response.outputs, tensors)
         self.absorb(response, call)

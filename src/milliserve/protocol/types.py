@@ -62,6 +62,9 @@ class InferRequest:
     # absolute time.perf_counter() by which the answer must be out: from the HTTP header
     # x-request-deadline-ms or the gRPC deadline (set by the front-ends)
     deadline: float | None = None
+    # where the road records the request's spans (a milliserve.road.SpanLog) when the server
+    # traces (observability/tracing.py); None: not traced, the plain road
+    trace: Any = None
 
 
 @dataclass(slots=True)

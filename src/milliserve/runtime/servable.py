@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from milliserve.config.model_config import ModelConfig
 from milliserve.protocol.types import InferRequest, InferResponse
-from milliserve.road import Call, Handler
+from milliserve.road import Call, Road, SpanLog
 from milliserve.runtime.stats import ModelStats
 from milliserve.status import status_of
 
@@ -66,7 +66,9 @@ class ServableRegistry(Protocol):
 
     def unavailable(self) -> list[str]: ...
 
-    async def load(self, name: str) -> None: ...
+    async def load(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Load or reload ``name``; ``parameters``: a load request's overrides (config, files)."""
+        ...
 
     async def unload(self, name: str) -> None: ...
 
@@ -77,11 +79,13 @@ class RoadServable:
     config: ModelConfig
     version: str
     stats: ModelStats
-    road: Handler
+    road: Road
     platform: str
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Walk the road and answer. Errors propagate after being counted in the statistics."""
+        if request.trace is not None:
+            return await self._traced(request)
         t0 = time.perf_counter_ns()
         call = Call(request)
         try:
@@ -92,6 +96,37 @@ class RoadServable:
             else:
                 self.stats.record_request(time.perf_counter_ns() - t0, status_of(exc).reason)
             raise
+        response = InferResponse(
+            model_name=self.config.name,
+            model_version=self.version,
+            id=request.id,
+            outputs=outputs,
+            parameters=call.notes,
+            timings=call.stages,
+            record_stages=self.stats.record_stages,
+        )
+        self.stats.record_request(time.perf_counter_ns() - t0, None)
+        return response
+
+    async def _traced(self, request: InferRequest) -> InferResponse:
+        """``infer`` for a traced request: the road that records spans, under one span for
+        this servable (``model NAME`` or ``pipeline NAME``)."""
+        log: SpanLog = request.trace
+        kind = "pipeline" if self.platform == "ensemble" else "model"
+        attributes = {"milliserve.model.name": self.config.name, "milliserve.model.version": self.version}
+        index = log.open(f"{kind} {self.config.name}", time.perf_counter(), attributes)
+        call = Call(request)
+        t0 = time.perf_counter_ns()
+        try:
+            outputs = await self.road.traced(call)
+        except BaseException as exc:
+            log.close(index, time.perf_counter(), {"error.type": type(exc).__name__, "error": str(exc)})
+            if isinstance(exc, asyncio.CancelledError) and exc.args[:1] == (HEDGE_LOST,):
+                self.stats.hedges_lost += 1
+            else:
+                self.stats.record_request(time.perf_counter_ns() - t0, status_of(exc).reason)
+            raise
+        log.close(index, time.perf_counter(), {"milliserve.batch_size": call.batch_size})
         response = InferResponse(
             model_name=self.config.name,
             model_version=self.version,

@@ -129,6 +129,7 @@ class CacheStage:
     the wait for an identical request's computation (single-flight)."""
 
     __slots__ = ("cache", "name", "record", "version")
+    stage = "cache"  # its span's name on a traced road
 
     def __init__(
         self, cache: ResponseCache, name: str, version: str, record: Callable[[bool, int], None]

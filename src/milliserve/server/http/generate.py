@@ -23,7 +23,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from milliserve.errors import MalformedRequestError, MilliserveError, NotFoundError, RequestError
+from milliserve.errors import (
+    InvalidInputError,
+    MalformedRequestError,
+    MilliserveError,
+    NotFoundError,
+    RequestError,
+)
 from milliserve.llm.client import EngineClient, GenerationEvents
 from milliserve.llm.protocol import (
     chat_chunk,
@@ -36,6 +42,7 @@ from milliserve.llm.protocol import (
     parse_openai,
     server_timing,
 )
+from milliserve.observability.tracing import note_generation
 from milliserve.protocol.json_codec import decode_json_object, encode_json
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.http.asgi import JSON_HEADER, Receive, Send
@@ -162,22 +169,20 @@ class GenerateRoutes:
         method = scope["method"]
         if method == "GET" and rest == ["models"]:
             now = int(time.time())
-            data = [
-                {"id": s.config.name, "object": "model", "created": now, "owned_by": "milliserve"}
-                for s in self.dp.generative_models()
-            ]
+            # generative models, then embedding models (/v1/embeddings), each name once
+            names = dict.fromkeys(s.config.name for s in self.dp.generative_models())
+            names.update(dict.fromkeys(s.config.name for s in self.dp.embedding_models()))
+            data = [{"id": n, "object": "model", "created": now, "owned_by": "milliserve"} for n in names]
             await self._json(send, {"object": "list", "data": data})
             return
         if method == "GET" and len(rest) == 2 and rest[0] == "models":
-            s = self.dp.generative(rest[1])
+            try:
+                name = self.dp.generative(rest[1]).config.name
+            except InvalidInputError:
+                name = self.dp.embedder(rest[1]).name  # or not a model of the OpenAI API: 400
             await self._json(
                 send,
-                {
-                    "id": s.config.name,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "milliserve",
-                },
+                {"id": name, "object": "model", "created": int(time.time()), "owned_by": "milliserve"},
             )
             return
         if method != "POST" or rest not in (["chat", "completions"], ["completions"]):
@@ -188,6 +193,7 @@ class GenerateRoutes:
         servable = self.dp.generative(params.model)
         if not params.stream:
             text, last = await self._complete(servable, params, receive)
+            note_generation(params.model, last.timing, last.usage, last.finish)
             build = chat_response if chat else completion_response
             timing = server_timing(last.timing).encode()
             await self._json(
@@ -211,6 +217,7 @@ class GenerateRoutes:
                         else:
                             yield _sse(completion_chunk(rid, model, created, ev.text))
                         continue
+                    note_generation(model, ev.timing, ev.usage, ev.finish)
                     timing = None if params.include_usage else ev.timing
                     if chat:
                         delta = {"content": ev.text} if ev.text else {}
@@ -238,6 +245,7 @@ class GenerateRoutes:
         head = {"model_name": servable.config.name, "model_version": servable.version}
         if not streaming:
             text, last = await self._complete(servable, params, receive)
+            note_generation(servable.config.name, last.timing, last.usage, last.finish)
             doc = {**head, "text_output": text, "finish_reason": last.finish, "usage": last.usage}
             await self._json(send, doc, [(b"server-timing", server_timing(last.timing).encode())])
             return
@@ -248,6 +256,7 @@ class GenerateRoutes:
             async for ev in stream.events():
                 doc: dict[str, Any] = {**head, "text_output": ev.text}
                 if ev.finish is not None:
+                    note_generation(servable.config.name, ev.timing, ev.usage, ev.finish)
                     doc.update(
                         finish_reason=ev.finish, usage=ev.usage, server_timing=server_timing(ev.timing)
                     )
@@ -285,6 +294,7 @@ class GenerateRoutes:
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.buffer_bytes)
         return transport
+
     async def _stream(
         self,
         servable: EngineClient,

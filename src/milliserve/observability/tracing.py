@@ -1,0 +1,344 @@
+"""OpenTelemetry traces of the stages ``Server-Timing`` carries, exported over OTLP/HTTP.
+
+Off unless an endpoint is configured (``--otlp-endpoint``, ``MILLISERVE_TRACING__OTLP_ENDPOINT``
+or the standard ``OTEL_EXPORTER_OTLP_ENDPOINT``); then the server is built with tracing in
+three places, and nothing else changes:
+
+- the HTTP application is wrapped (``TracedHttp``) and the gRPC ``ModelInfer`` handler too
+  (``Tracing.grpc_unary``): each request gets a SERVER span, the child of the caller's W3C
+  ``traceparent`` when it sends one;
+- the data plane is a ``TracedDataPlane``: each inference it runs carries a ``SpanLog`` in
+  which the servable's road records its spans (``milliserve.road``): the servable (``model
+  NAME`` / ``pipeline NAME``), then its stages (parse, features, preprocess, cache, queue,
+  infer, postprocess), a pipeline's steps each as a span with its models' spans inside;
+- generation routes note their request's queue time, time to first token, token counts
+  and finish reason (``note_generation``) on a ``generate MODEL`` span.
+
+Without tracing the road is the plain one: a servable checks ``request.trace is None``, one
+branch per request, and no OpenTelemetry module is imported. The spans are made when the
+request ends, from the times the road recorded, and exported by the SDK's batch processor
+on its own thread.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from milliserve._version import __version__
+from milliserve.protocol.types import InferRequest, InferResponse
+from milliserve.road import SpanLog
+from milliserve.runtime.dataplane import DataPlane
+from milliserve.status import status_of
+
+__all__ = ["RequestTrace", "TracedDataPlane", "TracedHttp", "Tracing", "note_generation"]
+
+Scope = dict[str, Any]
+ASGI = Callable[[Scope, Any, Any], Awaitable[None]]
+
+# the request being traced in this task (set by the front end's wrapper only)
+_CURRENT: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
+    "milliserve_trace", default=None
+)
+
+_GRPC_ERRORS = {"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"}
+_GRPC_CODES = {
+    "OK": 0,
+    "CANCELLED": 1,
+    "UNKNOWN": 2,
+    "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5,
+    "ALREADY_EXISTS": 6,
+    "PERMISSION_DENIED": 7,
+    "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9,
+    "ABORTED": 10,
+    "OUT_OF_RANGE": 11,
+    "UNIMPLEMENTED": 12,
+    "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+    "DATA_LOSS": 15,
+    "UNAUTHENTICATED": 16,
+}
+
+
+@dataclass(slots=True, eq=False)
+class RequestTrace:
+    """One request's spans while it runs: ``log`` holds the servables' spans (their times
+    in ``time.perf_counter()`` seconds), ``first``/``last`` when the servables started and
+    ended (the front end's parse and serialize fall outside them)."""
+
+    start: float
+    log: SpanLog = field(default_factory=SpanLog)
+    first: float | None = None
+    last: float | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+def note_generation(
+    model: str,
+    timing: dict[str, float] | None,
+    usage: dict[str, int] | None,
+    finish: str | None,
+    error: BaseException | None = None,
+) -> None:
+    """A generation's span (``generate MODEL``) in the current request's trace, if any: its
+    queue time and time to first token (from the engine's timing, in ms), its tokens and
+    finish reason (OpenTelemetry's gen_ai attributes)."""
+    trace = _CURRENT.get()
+    if trace is None:
+        return
+    end = time.perf_counter()
+    t = timing or {}
+    total_ms = t.get("total_ms") or (end - trace.start) * 1e3
+    start = max(trace.start, end - total_ms / 1e3)
+    attributes: dict[str, Any] = {"gen_ai.operation.name": "generate", "gen_ai.request.model": model}
+    if finish:
+        attributes["gen_ai.response.finish_reasons"] = (finish,)
+    if usage:
+        attributes["gen_ai.usage.input_tokens"] = int(usage.get("prompt_tokens", 0))
+        attributes["gen_ai.usage.output_tokens"] = int(usage.get("completion_tokens", 0))
+    for key, value in t.items():
+        if value is not None and value >= 0:
+            attributes[f"milliserve.generation.{key}"] = float(value)
+    if "ttft_ms" in t and t["ttft_ms"] is not None:
+        attributes["gen_ai.server.time_to_first_token"] = float(t["ttft_ms"]) / 1e3
+    if error is not None:
+        attributes["error.type"] = type(error).__name__
+    index = trace.log.add(f"generate {model}", start, end, attributes)
+    queue = t.get("queue_ms")
+    if queue:
+        trace.log.spans.append(["queue", start, min(end, start + queue / 1e3), index, None])
+    ttft = t.get("ttft_ms")
+    if ttft:
+        trace.log.spans.append(["first token", start, min(end, start + ttft / 1e3), index, None])
+    trace.first = start if trace.first is None else min(trace.first, start)
+    trace.last = end if trace.last is None else max(trace.last, end)
+
+
+class TracedDataPlane(DataPlane):
+    """The data plane of a server that traces: each inference in a traced request records
+    its servable's spans (a request with several, such as a long embeddings request, gets
+    them all, side by side)."""
+
+    def __init__(self, tracing: Tracing, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tracing = tracing
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        trace = _CURRENT.get()
+        if trace is None:
+            return await super().infer(request)
+        log = request.trace = SpanLog()
+        start = time.perf_counter()
+        try:
+            return await super().infer(request)
+        finally:
+            end = time.perf_counter()
+            trace.log.absorb(log)
+            trace.first = start if trace.first is None else min(trace.first, start)
+            trace.last = end if trace.last is None else max(trace.last, end)
+
+
+def _route(path: str) -> str | None:
+    """The route template of ``path`` (bounded: model names become ``{model_name}``), or None
+    for a path the server does not route."""
+    parts = path.strip("/").split("/")
+    if parts[:1] == ["v1"] and len(parts) <= 3:
+        if len(parts) == 3 and parts[1] == "models":
+            return "/v1/models/{model}"
+        return "/" + "/".join(parts)
+    if parts[:1] != ["v2"]:
+        return "/metrics" if parts == ["metrics"] else None
+    out = ["v2"]
+    for i, p in enumerate(parts[1:], 1):
+        prev = parts[i - 1]
+        out.append("{model_name}" if prev == "models" else "{model_version}" if prev == "versions" else p)
+    return "/" + "/".join(out)
+
+
+class Tracing:
+    """Spans from finished requests, exported to ``endpoint`` (an OTLP/HTTP collector's
+    traces URL) by the OpenTelemetry SDK's batch processor."""
+
+    def __init__(self, endpoint: str, service_name: str = "milliserve", timeout_s: float = 10.0) -> None:
+        from opentelemetry import trace
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.endpoint = endpoint
+        resource = Resource.create({"service.name": service_name, "service.version": __version__})
+        self.provider = TracerProvider(resource=resource)
+        self.provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s))
+        )
+        self.tracer = self.provider.get_tracer("milliserve", __version__)
+        self._trace = trace
+        self._propagator = TraceContextTextMapPropagator()
+        # perf_counter seconds to epoch nanoseconds (spans carry wall-clock times)
+        self._epoch_ns = time.time_ns() - int(time.perf_counter() * 1e9)
+
+    def _ns(self, t: float) -> int:
+        return self._epoch_ns + int(t * 1e9)
+
+    def shutdown(self) -> None:
+        """Export what is pending, then stop the exporter."""
+        self.provider.shutdown()
+
+    # ---- spans ----
+    def export(
+        self,
+        name: str,
+        kind: str,
+        carrier: dict[str, str],
+        trace: RequestTrace,
+        end: float,
+        error: str | None,
+        serialized: float | None = None,
+    ) -> None:
+        """The request's SERVER span (``name``, child of the ``traceparent`` in ``carrier``)
+        and everything its road recorded, below it. ``serialized``: when the answer was
+        encoded (the front end's parse and serialize spans lie around the servables')."""
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        parent = self._propagator.extract(carrier)
+        root = self.tracer.start_span(
+            name, parent, SpanKind[kind], trace.attributes, start_time=self._ns(trace.start)
+        )
+        if not root.is_recording():  # sampled out
+            root.end(end_time=self._ns(end))
+            return
+        if trace.first is not None and trace.last is not None:
+            top = self._trace.set_span_in_context(root)
+            self.tracer.start_span("parse", top, start_time=self._ns(trace.start)).end(self._ns(trace.first))
+            done = serialized if serialized is not None else end
+            if done > trace.last:
+                self.tracer.start_span("serialize", top, start_time=self._ns(trace.last)).end(self._ns(done))
+        self._children(root, trace.log, end)
+        if error is not None:
+            root.set_status(Status(StatusCode.ERROR, error))
+        root.end(end_time=self._ns(end))
+
+    def _children(self, root: Any, log: SpanLog, end: float) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        made: list[Any] = []
+        ends: list[float] = []
+        for name, start, stop, parent, attributes in log.spans:
+            above = root if parent < 0 else made[parent]
+            limit = end if parent < 0 else ends[parent]
+            stop = limit if stop is None else stop
+            span = self.tracer.start_span(
+                name,
+                self._trace.set_span_in_context(above),
+                attributes=attributes,
+                start_time=self._ns(start),
+            )
+            if attributes and "error.type" in attributes:
+                span.set_status(Status(StatusCode.ERROR, str(attributes.get("error", ""))))
+            made.append(span)
+            ends.append(stop)
+        for span, stop in zip(made, ends, strict=True):
+            span.end(end_time=self._ns(stop))
+
+    # ---- front ends ----
+    def http(self, app: ASGI) -> TracedHttp:
+        return TracedHttp(app, self)
+
+    def grpc_unary(
+        self, method: str, handler: Callable[[Any, Any], Awaitable[Any]]
+    ) -> Callable[[Any, Any], Awaitable[Any]]:
+        """``handler`` (a unary method of the gRPC service) with a SERVER span per call."""
+        service, _, rpc = method.rpartition("/")
+
+        async def traced(req: Any, ctx: Any) -> Any:
+            trace = RequestTrace(time.perf_counter())
+            trace.attributes.update({"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc})
+            token = _CURRENT.set(trace)
+            code, error = "OK", None
+            try:
+                return await handler(req, ctx)
+            except BaseException as exc:
+                code = status_of(exc).grpc if isinstance(exc, Exception) else "CANCELLED"
+                error = str(exc) if code in _GRPC_ERRORS else None
+                raise
+            finally:
+                _CURRENT.reset(token)
+                trace.attributes["rpc.grpc.status_code"] = _GRPC_CODES.get(code, 2)
+                carrier = {k.lower(): v for k, v in _metadata(ctx)}
+                self.export(method, "SERVER", carrier, trace, time.perf_counter(), error)
+
+        return traced
+
+
+def _metadata(ctx: Any) -> Iterable[tuple[str, str]]:
+    try:
+        return [
+            (str(k), v if isinstance(v, str) else v.decode("latin-1")) for k, v in ctx.invocation_metadata()
+        ]
+    except Exception:  # a context without metadata: no parent to follow
+        return []
+
+
+class TracedHttp:
+    """The HTTP application with a SERVER span per request (OpenTelemetry's HTTP semantic
+    conventions: ``METHOD /route``, method, path, route, status code)."""
+
+    def __init__(self, app: ASGI, tracing: Tracing) -> None:
+        self.app, self.tracing = app, tracing
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        trace = RequestTrace(time.perf_counter())
+        status = 0
+        answered: float | None = None
+
+        async def sending(message: dict[str, Any]) -> None:
+            nonlocal status, answered
+            if message["type"] == "http.response.start":
+                status, answered = message["status"], time.perf_counter()
+            await send(message)
+
+        token = _CURRENT.set(trace)
+        error: str | None = None
+        try:
+            await self.app(scope, receive, sending)
+        except BaseException as exc:
+            status, error = status or 500, repr(exc)
+            raise
+        finally:
+            _CURRENT.reset(token)
+            self._export(scope, trace, status, answered, error)
+
+    def _export(
+        self, scope: Scope, trace: RequestTrace, status: int, answered: float | None, error: str | None
+    ) -> None:
+        method = scope.get("method", "")
+        path = scope.get("path", "")
+        route = _route(path) if status != 404 else None
+        attributes = trace.attributes
+        attributes.update(
+            {"http.request.method": method, "url.path": path, "url.scheme": scope.get("scheme", "http")}
+        )
+        if route is not None:
+            attributes["http.route"] = route
+        if status:
+            attributes["http.response.status_code"] = status
+        client = scope.get("client")
+        if client:
+            attributes["client.address"] = client[0]
+        attributes["network.protocol.version"] = scope.get("http_version", "1.1")
+        if status >= 500 and error is None:
+            error = f"HTTP {status}"
+        carrier = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        name = f"{method} {route}" if route else method
+        self.tracing.export(name, "SERVER", carrier, trace, time.perf_counter(), error, answered)
