@@ -241,9 +241,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; 0.0.0.0 for all)")
     s.add_argument(
         "--model-control-mode",
-        choices=("none", "explicit"),
+        choices=("none", "poll", "explicit"),
         default=None,
-        help="explicit enables the repository load/unload API (default none)",
+        help="none: load every model at start (default); poll: and follow the repository's "
+        "changes; explicit: the repository load/unload API decides (as Triton)",
+    )
+    s.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=None,
+        metavar="S",
+        help="in poll mode, how often the repository is read for changes (default 15)",
+    )
+    s.add_argument(
+        "--shared-memory",
+        choices=("off", "system"),
+        default=None,
+        help="system: Triton's system shared-memory extension for clients on this machine "
+        "(default off)",
+    )
+    s.add_argument(
+        "--shared-memory-key-prefix",
+        default=None,
+        metavar="PREFIX",
+        help="shared-memory keys clients may register must start with PREFIX, e.g. /myapp_ "
+        "(default: any)",
     )
     s.add_argument(
         "--load-model",

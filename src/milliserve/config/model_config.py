@@ -30,6 +30,7 @@ __all__ = [
     "QueuePolicy",
     "VersionPolicy",
     "WarmupSpec",
+    "config_from_json",
     "config_path",
     "config_to_dict",
     "config_to_proto",
@@ -397,6 +398,22 @@ def _parse_pbtxt(path: Path, text: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: {detail}") from None
     data: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
     return data
+
+
+def config_from_json(text: str, model_name: str, where: str) -> ModelConfig:
+    """A config given as Triton's JSON (a load request's ``config`` parameter, parsed as
+    Triton does: protobuf's JSON mapping, so ``"max_batch_size": "16"`` is 16). ConfigError
+    naming ``where`` and the field when it is not valid."""
+    msg = oip_pb2.ModelConfig()
+    try:
+        json_format.Parse(text, msg)
+    except json_format.ParseError as exc:
+        detail = str(exc).replace("milliserve.oip.v2.", "").split("\n Available Fields", 1)[0]
+        if "has no field named" in detail:
+            detail += " (not a field milliserve supports; see docs/configuration.md)"
+        raise ConfigError(f"{where}: {detail}") from None
+    data: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    return _validate(Path(where), data, model_name)
 
 
 def config_path(model_dir: Path) -> Path:

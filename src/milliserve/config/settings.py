@@ -21,6 +21,7 @@ __all__ = [
     "MetricsSettings",
     "RedisSettings",
     "Settings",
+    "SharedMemorySettings",
     "cache_dir",
     "hf_offline_env",
     "ray_env",
@@ -184,6 +185,28 @@ class EdgeSettings(BaseModel):
         return v
 
 
+class SharedMemorySettings(BaseModel):
+    """Triton's system shared memory (``--shared-memory system``): clients on this machine
+    pass tensors through POSIX shared-memory objects they register. Off by default: it lets
+    a client have the server read and write memory it names. Loopback peers only."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["off", "system"] = "off"
+    # keys a client may register must start with this (e.g. "/myapp_"); "" lets any POSIX
+    # shared-memory name that the server's user can open be registered
+    key_prefix: str = ""
+    # regions and mapped bytes one client (peer address) may hold at once
+    max_regions_per_client: int = Field(64, ge=1)
+    max_bytes_per_client: int = Field(1 << 30, ge=1)
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _posix(cls, v: str) -> str:
+        if v and (not v.startswith("/") or "/" in v[1:]):
+            raise ValueError(f"{v!r} is not the start of a POSIX shared-memory name like '/myapp_'")
+        return v
+
+
 class Settings(BaseSettings):
     """Everything a server needs. Defaults are safe: loopback only, repository API off."""
 
@@ -200,9 +223,13 @@ class Settings(BaseSettings):
     grpc: GrpcSettings = GrpcSettings()
     metrics: MetricsSettings = MetricsSettings()
     redis: RedisSettings = RedisSettings()
-    model_control_mode: Literal["none", "explicit"] = "none"
+    # none: load every model at start; poll: and follow the repository's changes every
+    # repository_poll_s; explicit: the repository API loads and unloads (as Triton's modes)
+    model_control_mode: Literal["none", "poll", "explicit"] = "none"
     # Models to load at start in explicit mode ("*" = all), as Triton's --load-model.
     load_models: list[str] = []
+    repository_poll_s: float = Field(15.0, gt=0)
+    shared_memory: SharedMemorySettings = SharedMemorySettings()
     log_level: str = "INFO"
     # Seconds to finish in-flight requests after SIGTERM before giving up.
     shutdown_grace_s: float = Field(30.0, ge=0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from milliserve.backends.registry import backend_for
@@ -20,7 +21,8 @@ from milliserve.config.model_config import ModelConfig, config_path
 from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError, shown
 from milliserve.llm.servable import GenerativeServable
 from milliserve.pipeline.ensemble import PipelineRuntime
-from milliserve.repository.repository import Repository
+from milliserve.repository.overrides import LoadOverride, parse_override
+from milliserve.repository.repository import Repository, valid_model_name, versions_in
 from milliserve.runtime.executor import Executor
 from milliserve.runtime.model_runtime import ModelRuntime
 from milliserve.runtime.servable import Servable
@@ -46,6 +48,7 @@ class _Entry:
     reason: str = ""
     versions: dict[str, Runtime] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    override: LoadOverride | None = None  # the load request's config and files it serves
 
     def latest(self) -> Runtime | None:
         if not self.versions:
@@ -72,51 +75,68 @@ class ModelRegistry:
         self._entries: dict[str, _Entry] = {}
         self._resolving: set[str] = set()  # pipelines whose dependencies are being loaded
 
-    def _entry(self, name: str) -> _Entry:
+    def _entry(self, name: str, override: LoadOverride | None = None) -> _Entry:
         entry = self._entries.get(name)
         if entry is None:
-            self.repository.model_dir(name)  # NotFoundError for unknown names
+            if not (override is not None and override.files and valid_model_name(name)):
+                self.repository.model_dir(name)  # NotFoundError for unknown names
             entry = self._entries[name] = _Entry(name)
         return entry
 
-    async def load(self, name: str) -> None:
-        """Load or reload a model. Raises ConfigError/BackendError (after recording them)."""
-        entry = self._entry(name)
+    async def load(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Load or reload a model: from the repository, or with the overrides a load request's
+        ``parameters`` carry (``config``, ``file:...``; with files the model need not be in
+        the repository). Raises RequestError for bad overrides, ConfigError/BackendError for a
+        model that does not load (after recording them)."""
+        override = parse_override(name, parameters) if parameters else None
+        await self._load(name, override)
+
+    async def _load(self, name: str, override: LoadOverride | None) -> None:
+        entry = self._entry(name, override)
         async with entry.lock:
             had_versions = bool(entry.versions)
             if not had_versions:
                 entry.state, entry.reason = ModelState.LOADING, ""
             try:
-                new = await self._build(name)
+                if override is not None and override.files:
+                    model_dir = await self._executor.run_load(override.write, name)
+                else:
+                    model_dir = self.repository.model_dir(name)
+                config = override.config if override is not None else self.repository.read_config(name)
+                new = await self._build(name, model_dir, config)
             except (ConfigError, BackendError) as exc:
+                if override is not None:
+                    override.discard()
                 if had_versions:
                     log.error("reload of %s failed, still serving the old versions: %s", name, exc)
                 else:
                     entry.state, entry.reason = ModelState.UNAVAILABLE, self.repository.relative(exc.message)
                     log.error("model %s failed to load: %s", name, exc)
                 raise
-            old = entry.versions
+            old, old_override = entry.versions, entry.override
             entry.versions, entry.state, entry.reason = new, ModelState.READY, ""
+            entry.override = override
         for runtime in old.values():
             await runtime.close()
+        if old_override is not None and old_override is not override:
+            old_override.discard()
 
-    async def _build(self, name: str) -> dict[str, Runtime]:
-        config = self.repository.read_config(name)
-        available = self.repository.versions(name)
+    async def _build(self, name: str, model_dir: Path, config: ModelConfig | None) -> dict[str, Runtime]:
+        available = versions_in(model_dir)
         policy = config.version_policy if config else None
         chosen = policy.select(available) if policy else available[-1:]
         if config is not None and config.ensemble_scheduling is not None:
             return await self._build_pipeline(config, chosen or [1])  # its version folders may be absent
         if not chosen:
             raise ConfigError(
-                f"{self.repository.model_dir(name)}: no version to serve (version folders: "
+                f"{model_dir}: no version to serve (version folders: "
                 f"{available}; version_policy selects none)"
             )
         built: dict[str, Runtime] = {}
-        where = str(config_path(self.repository.model_dir(name)))
+        where = str(config_path(model_dir))
         try:
             for v in chosen:
-                vdir = self.repository.model_dir(name) / str(v)
+                vdir = model_dir / str(v)
                 if getattr(backend_for(config, vdir, where), "generative", False):
                     built[str(v)] = await GenerativeServable.load(config, name, str(v), vdir, self._executor)
                     continue
@@ -185,6 +205,9 @@ class ModelRegistry:
             for runtime in old.values():
                 await runtime.close()
             entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+            if entry.override is not None:
+                entry.override.discard()
+                entry.override = None
 
     async def close(self) -> None:
         for name in list(self._entries):

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from milliserve.config.model_config import ModelConfig, load_model_config
 from milliserve.errors import ConfigError, NotFoundError
 
-__all__ = ["Repository"]
+__all__ = ["Repository", "valid_model_name", "versions_in"]
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def valid_model_name(name: str) -> bool:
+    """Whether ``name`` may name a model folder that is not in the repository (a load with
+    override files): letters, digits, ``_ . -``, at most 128, not starting with a dot."""
+    return bool(_NAME.fullmatch(name))
+
+
+def versions_in(model_dir: Path) -> list[int]:
+    """Numeric version folders of a model folder, ascending."""
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
 class Repository:
@@ -37,8 +51,7 @@ class Repository:
 
     def versions(self, name: str) -> list[int]:
         """Numeric version folders of a model, ascending."""
-        d = self.model_dir(name)
-        return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
+        return versions_in(self.model_dir(name))
 
     def read_config(self, name: str) -> ModelConfig | None:
         return load_model_config(self.model_dir(name))

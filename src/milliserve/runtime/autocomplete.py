@@ -35,7 +35,10 @@ def _check(
     declared: tuple[TensorConfig, ...],
     model: tuple[TensorSpec, ...],
     batching: bool,
+    implicit: tuple[str, ...] = (),
 ) -> None:
+    """``implicit``: inputs the server fills itself (a sequence model's control and state
+    inputs): the config does not declare them."""
     by_name = {s.name: s for s in model}
     for t in declared:
         spec = by_name.get(t.name)
@@ -59,9 +62,29 @@ def _check(
                 f"(batch dimension included) but the model has {list(spec.dims)}"
             )
     if section == "input":
-        missing = sorted(set(by_name) - {t.name for t in declared})
+        missing = sorted(set(by_name) - {t.name for t in declared} - set(implicit))
         if missing:
             raise ConfigError(f"{where}: field 'input': the model also needs inputs {missing}")
+
+
+def _check_implicit(
+    where: str, implicit: tuple[TensorSpec, ...], model: tuple[TensorSpec, ...], batching: bool
+) -> None:
+    """The control and state inputs of ``sequence_batching`` exist in the model with their
+    datatypes (their dims are the batcher's to fill)."""
+    by_name = {s.name: s for s in model}
+    for t in implicit:
+        spec = by_name.get(t.name)
+        if spec is None:
+            raise ConfigError(
+                f"{where}: field 'sequence_batching': {t.name!r} is not an input of the model "
+                f"(the model has {sorted(by_name)})"
+            )
+        if t.datatype != spec.datatype:
+            raise ConfigError(
+                f"{where}: field 'sequence_batching': input {t.name!r} is {spec.datatype} in the "
+                f"model but the config makes it {t.datatype}"
+            )
 
 
 def complete_config(config: ModelConfig | None, name: str, info: BackendInfo, where: str) -> ModelConfig:
@@ -84,10 +107,15 @@ def complete_config(config: ModelConfig | None, name: str, info: BackendInfo, wh
             f"dimension, but the model fixes it for {fixed}; set max_batch_size: 0"
         )
     updates: dict[str, object] = {}
+    implicit: tuple[TensorSpec, ...] = ()
+    if config.sequence_batching is not None:
+        implicit = config.sequence_batching.implicit_inputs()
+        _check_implicit(where, implicit, info.inputs, batching)
+    names = tuple(t.name for t in implicit)
     if config.input:
-        _check(where, "input", config.input, info.inputs, batching)
+        _check(where, "input", config.input, info.inputs, batching, names)
     else:
-        updates["input"] = _from_model(info.inputs, batching)
+        updates["input"] = _from_model(tuple(s for s in info.inputs if s.name not in names), batching)
     if config.output:
         _check(where, "output", config.output, info.outputs, batching)
     else:

@@ -12,7 +12,7 @@ from typing import Any
 
 from milliserve._version import __version__
 from milliserve.config.model_config import ModelConfig
-from milliserve.errors import InvalidInputError, ModelControlDisabledError, RequestError
+from milliserve.errors import InvalidInputError, MilliserveError, ModelControlDisabledError, RequestError
 from milliserve.llm.client import EngineClient
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.runtime.embedding import Embedder, EmbeddingSpec, embedding_spec
@@ -26,7 +26,10 @@ EXTENSIONS = (
     "model_configuration",
     "statistics",
     "model_repository",
+    "model_repository(unload_dependents)",
     "schedule_policy",
+    "sequence",
+    "sequence(string_id)",
     "generate",
 )
 
@@ -42,6 +45,8 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         self.started = False
         self.stopping = False
+        # what ServerMetadata lists; the server adds the ones its settings turn on
+        self.extensions = list(EXTENSIONS)
         # the other workers' statistics (``serve --workers N``): None for a lone server
         self.siblings: Callable[[str, str], Awaitable[list[list[dict[str, Any]]]]] | None = None
         # id(config) -> (config, its embedding spec or None)
@@ -61,7 +66,7 @@ class DataPlane:
         return not (self.strict_readiness and self.registry.unavailable())
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "milliserve", "version": __version__, "extensions": list(EXTENSIONS)}
+        return {"name": "milliserve", "version": __version__, "extensions": list(self.extensions)}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         self.registry.get(name, version)  # NotFoundError for unknown names/versions
@@ -154,21 +159,28 @@ class DataPlane:
             )
         return self.registry.index(ready_only)
 
-    def _check_control(self, action: str, parameters: dict[str, Any]) -> None:
+    def _check_control(self, action: str) -> None:
         if not self.model_control:
             raise ModelControlDisabledError(
                 f"cannot {action}: the repository API is disabled; start the server with "
                 "--model-control-mode explicit"
             )
-        if parameters:
-            raise RequestError(f"{action}: parameters {sorted(parameters)} are not supported")
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
-        self._check_control(f"load model {name!r}", parameters or {})
-        await self.registry.load(name)
+        """Load or reload ``name``, with a load request's overrides (``config``, ``file:...``).
+        Errors keep their class; their message starts "failed to load", as Triton's."""
+        self._check_control(f"load model {name!r}")
+        try:
+            await self.registry.load(name, parameters or None)
+        except MilliserveError as exc:
+            if exc.message.startswith("failed to load"):
+                raise
+            raise type(exc)(f"failed to load {name!r}: {exc.message}") from None
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         params = dict(parameters or {})
         params.pop("unload_dependents", None)  # Triton clients send it; there are no dependents here
-        self._check_control(f"unload model {name!r}", params)
+        self._check_control(f"unload model {name!r}")
+        if params:
+            raise RequestError(f"unload model {name!r}: parameters {sorted(params)} are not supported")
         await self.registry.unload(name)

@@ -33,6 +33,7 @@ from milliserve.runtime.batcher import BatchPolicy
 from milliserve.runtime.deadline import LatencyEstimator
 from milliserve.runtime.execute import BatchExecute
 from milliserve.runtime.executor import Executor
+from milliserve.runtime.sequence_execute import SequenceExecute
 from milliserve.runtime.servable import ClientInputs, RoadServable
 from milliserve.runtime.stages import Admit, Deadline, StepStage, Validate, cache_stage
 from milliserve.runtime.stall import stall_injectors
@@ -81,9 +82,12 @@ def _warmup_inputs(spec: WarmupSpec, batching: bool, rng: np.random.Generator) -
 
 
 def _default_warmup(cfg: ModelConfig) -> WarmupSpec:
+    implicit = cfg.sequence_batching.implicit_inputs() if cfg.sequence_batching is not None else ()
+    tensors = [(t.name, t.data_type, t.dims) for t in cfg.input]
+    tensors += [(t.name, t.datatype, t.dims) for t in implicit]  # control and state inputs
     return WarmupSpec(
         name="auto",
-        inputs={t.name: WarmupInput(data_type=t.data_type, dims=t.dims, zero_data=True) for t in cfg.input},
+        inputs={n: WarmupInput(data_type=d, dims=dims, zero_data=True) for n, d, dims in tensors},
     )
 
 
@@ -122,6 +126,7 @@ class ModelRuntime(RoadServable):
         instances: list[Instance],
         steps: list[Step],
         caches: CacheFactory,
+        model_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.version = version
@@ -134,6 +139,16 @@ class ModelRuntime(RoadServable):
         self.stats = ModelStats(config.name, version)
         self.estimator = LatencyEstimator()
         db = config.dynamic_batching
+        self.execute: BatchExecute | SequenceExecute
+        self.colocated = False  # whether its workers share the event loop's CPU (set by load)
+        if config.sequence_batching is not None:  # a stateful model: the sequence batcher
+            where = model_dir or Path(".")
+            inline = _inline_mode(config)
+            self.execute = SequenceExecute(self.label, config, where, backends, self.io, self.stats, inline)
+            self.road = build_road(
+                [Deadline(None), *(StepStage(s) for s in steps), Validate(self.io)], self.execute
+            )
+            return
         try:
             self.execute = BatchExecute(
                 self.label,
@@ -150,7 +165,6 @@ class ModelRuntime(RoadServable):
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.batcher = self.execute.batcher
-        self.colocated = False  # whether its workers share the event loop's CPU (set by load)
         budget_s = config.budget.p99_ms / 1000 if config.budget is not None and config.budget.p99_ms else None
         rc = config.response_cache
         cache = caches.make(rc.enable, rc.backend, rc.ttl_s, rc.max_bytes) if rc is not None else None
@@ -206,6 +220,7 @@ class ModelRuntime(RoadServable):
                     instances,
                     model_steps(final, version_dir.parent, c, executor),
                     c,
+                    version_dir.parent,
                 )
             except ConfigError as exc:
                 raise ConfigError(f"{where}: {exc}") from None

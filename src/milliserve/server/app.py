@@ -40,6 +40,7 @@ from milliserve.server.http.edge_files import EdgeFiles
 from milliserve.server.listeners import GRPC, HTTP, METRICS, WorkerSlot, bind_grpc, bind_tcp, inherited
 from milliserve.server.metrics_app import MetricsApp
 from milliserve.server.peers import Peers
+from milliserve.server.shm.service import SharedMemoryService
 
 __all__ = ["Server", "serve"]
 
@@ -91,6 +92,12 @@ class Server:
         self.peers = Peers(worker.index, list(worker.peer_ports), token) if worker is not None else None
         if self.peers is not None:
             self.dataplane.siblings = self.peers.statistics
+        m = settings.shared_memory
+        self.shared_memory = SharedMemoryService(
+            m.mode == "system", m.key_prefix, m.max_regions_per_client, m.max_bytes_per_client
+        )
+        if self.shared_memory.enabled:
+            self.dataplane.extensions.append("system_shared_memory")
         e = settings.edge
         self.edge_files = (
             EdgeFiles(e.dir, e.immutable_max_age_s, self.executor.offload) if e.dir is not None else None
@@ -124,6 +131,7 @@ class Server:
             h.max_json_bytes,
             self.edge_files,
             local_only=local,
+            shared_memory=self.shared_memory,
         )
         app.generate.configure_streams(h.stream_write_timeout_s, h.stream_buffer_bytes)
         return app
@@ -179,7 +187,12 @@ class Server:
                 else:
                     options = server_options(s.grpc, shared=w is not None)
                     self._grpc = build_grpc_server(
-                        self.dataplane, s.grpc.max_message_bytes, self.auth, options, self._grpc_calls
+                        self.dataplane,
+                        s.grpc.max_message_bytes,
+                        self.auth,
+                        options,
+                        self._grpc_calls,
+                        self.shared_memory,
                     )
                     grpc_port = bind_grpc(self._grpc, s.host, port, shared=w is not None)
         except BaseException:
@@ -218,6 +231,7 @@ class Server:
             self._grpc_calls,
             g.max_connections,
             g.max_connections_per_peer,
+            self.shared_memory,
         )
         self.prometheus_registry.register(GrpcListenerCollector(server.figures))
         return server
@@ -302,6 +316,7 @@ class Server:
             waits.append(asyncio.ensure_future(self._stop_grpc(grace)))
         await asyncio.gather(*waits, return_exceptions=True)
         await self.registry.close()
+        self.shared_memory.close()
         await self.caches.close()
         self.executor.shutdown()
         self.executor.unpin_event_loop()

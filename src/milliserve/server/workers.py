@@ -102,6 +102,11 @@ class _Supervisor:
                 "--model-control-mode explicit loads and unloads models in one process: it does "
                 "not work with --workers (each worker has its own models); use one or the other"
             )
+        if settings.shared_memory.mode != "off":
+            raise ConfigError(
+                "--shared-memory registers regions in one process: it does not work with "
+                "--workers (a client's next call may reach another worker); use one or the other"
+            )
         self.settings = settings
         s = settings
         self.http = bind_tcp(s.host, s.http.port, HTTP) if s.http.enabled else None

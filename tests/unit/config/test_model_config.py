@@ -81,9 +81,9 @@ parameters: {intra_op_thread_count: 2}
     ("text", "filename", "match"),
     [
         (
-            'name: "m"\nsequence_batching { }',
+            'name: "m"\noptimization { }',
             "config.pbtxt",
-            r"config.pbtxt: .*no field named \"sequence_batching\"",
+            r"config.pbtxt: .*no field named \"optimization\"",
         ),
         ('name: "m"\nmax_batch_size: "x"', "config.pbtxt", r"config.pbtxt"),
         ('name: "m"\ninput [ { name: "a" data_type: TYPE_FLOAT dims: [1] } ]', "config.pbtxt", r"TYPE_FLOAT"),

@@ -26,6 +26,6 @@ def test_environment_overrides_nested_settings(monkeypatch: pytest.MonkeyPatch) 
 
 def test_wrong_values_are_rejected() -> None:
     with pytest.raises(ValidationError, match="model_control_mode"):
-        Settings(model_control_mode="poll")  # type: ignore[arg-type]
+        Settings(model_control_mode="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="unknown_setting"):
         Settings(unknown_setting=1)  # type: ignore[call-arg]

@@ -82,13 +82,16 @@ class CallContext:
     """What a servicer method sees of its call (the subset of ``grpc.aio.ServicerContext``
     the servicer uses, so one servicer serves both stacks)."""
 
-    __slots__ = ("_headers", "deadline", "trailing", "unary")
+    __slots__ = ("_headers", "deadline", "peer_host", "trailing", "unary")
 
-    def __init__(self, headers: list[tuple[bytes, bytes]], deadline: float | None, unary: bool) -> None:
+    def __init__(
+        self, headers: list[tuple[bytes, bytes]], deadline: float | None, unary: bool, peer_host: str = ""
+    ) -> None:
         self._headers = headers
         self.deadline = deadline
         self.trailing: tuple[tuple[str, str], ...] = ()
         self.unary = unary
+        self.peer_host = peer_host  # the client's address (shared memory is for loopback only)
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return tuple(
@@ -207,7 +210,7 @@ class Dispatcher:
                 return
             deadline = asyncio.get_running_loop().time() + seconds
         self.on_call()
-        ctx = CallContext(headers, deadline, not entry.streaming)
+        ctx = CallContext(headers, deadline, not entry.streaming, conn.peer)
         call = Call(conn, stream, entry, ctx, enc)
         stream.call = call
         if deadline is not None:

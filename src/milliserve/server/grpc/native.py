@@ -21,6 +21,7 @@ from milliserve.server.grpc.calls import Dispatcher, Method
 from milliserve.server.grpc.frames import ENHANCE_YOUR_CALM, ConnectionStats, GrantBudget, Http2Limits
 from milliserve.server.grpc.http2 import Http2Protocol
 from milliserve.server.grpc.servicer import SERVICE_NAME, CallCount, service_methods
+from milliserve.server.shm.service import SharedMemoryService
 
 __all__ = ["NativeGrpcServer"]
 
@@ -39,9 +40,10 @@ class NativeGrpcServer:
         calls: CallCount | None = None,
         max_connections: int = 10_000,
         max_connections_per_peer: int = 1000,
+        shm: SharedMemoryService | None = None,
     ) -> None:
         self.calls = calls or CallCount()
-        table = service_methods(dataplane, auth or Auth(None), self.calls)
+        table = service_methods(dataplane, auth or Auth(None), self.calls, shm)
         methods = {
             f"/{SERVICE_NAME}/{name}".encode(): Method(fn, streaming)
             for name, (fn, _, streaming) in table.items()

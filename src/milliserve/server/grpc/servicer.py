@@ -28,6 +28,7 @@ from milliserve.protocol import grpc_codec
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth, Route
+from milliserve.server.shm.service import SharedMemoryService, SharedMemoryUse
 from milliserve.status import status_of
 
 __all__ = ["SERVICE_NAME", "CallCount", "build_grpc_server", "grpc_error", "service_methods"]
@@ -59,11 +60,29 @@ def grpc_error(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal server error (logged)"
 
 
+def peer_host(ctx: Any) -> str | None:
+    """The client's address: the native stack's context has it; grpc.aio's ``peer()`` spells
+    it ``ipv4:127.0.0.1:port`` or ``ipv6:[::1]:port``."""
+    host = getattr(ctx, "peer_host", None)
+    if host is not None:
+        return str(host)
+    peer = ctx.peer() if hasattr(ctx, "peer") else ""
+    kind, _, rest = str(peer).partition(":")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    if kind == "ipv6":
+        return rest.rsplit(":", 1)[0].strip("[]")
+    return None
+
+
 class Servicer:
-    def __init__(self, dataplane: DataPlane, auth: Auth, calls: CallCount) -> None:
+    def __init__(
+        self, dataplane: DataPlane, auth: Auth, calls: CallCount, shm: SharedMemoryService | None = None
+    ) -> None:
         self.dp = dataplane
         self.auth = auth
         self.calls = calls
+        self.shm = shm or SharedMemoryService(False)
 
     async def ServerLive(self, req: Any, ctx: Any) -> Any:
         return pb.ServerLiveResponse(live=self.dp.live())
@@ -92,10 +111,10 @@ class Servicer:
         return out
 
     @staticmethod
-    def _decode(req: Any, ctx: Any) -> Any:
+    def _decode(req: Any, ctx: Any, shm: SharedMemoryUse | None = None) -> Any:
         t0 = time.perf_counter()
         remaining = ctx.time_remaining()  # the client's gRPC deadline, if it set one
-        request = grpc_codec.decode_infer_request(req)
+        request = grpc_codec.decode_infer_request(req, shm.input if shm is not None else None)
         if remaining is not None:
             request.deadline = t0 + remaining
         return request
@@ -103,11 +122,17 @@ class Servicer:
     async def _infer(self, req: Any, ctx: Any) -> tuple[Any, str]:
         """One request; returns the response message and its Server-Timing value."""
         t0 = time.perf_counter()
-        request = self._decode(req, ctx)
-        t1 = time.perf_counter()
-        response = await self.dp.infer(request)
-        t2 = time.perf_counter()
-        out = grpc_codec.encode_infer_response(response)
+        shm = self.shm.begin(peer_host(ctx))  # None: shared memory is off
+        try:
+            request = self._decode(req, ctx, shm)
+            t1 = time.perf_counter()
+            response = await self.dp.infer(request)
+            t2 = time.perf_counter()
+            written = shm.write_outputs(request, response) if shm is not None and request.outputs else ()
+            out = grpc_codec.encode_infer_response(response, written)
+        finally:
+            if shm is not None:
+                shm.release()
         t3 = time.perf_counter()
         return out, finish_stages(response, t1 - t0, t3 - t2, t3 - t0)
 
@@ -130,6 +155,33 @@ class Servicer:
         await self.dp.unload_model(req.model_name, grpc_codec.parameters_from_proto(req.parameters))
         return pb.RepositoryModelUnloadResponse()
 
+    # ---- shared memory (Triton's extension; off unless --shared-memory system) ----
+    async def SystemSharedMemoryStatus(self, req: Any, ctx: Any) -> Any:
+        out = pb.SystemSharedMemoryStatusResponse()
+        for row in self.shm.system_status(req.name, peer_host(ctx)):
+            out.regions[row["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**row))
+        return out
+
+    async def SystemSharedMemoryRegister(self, req: Any, ctx: Any) -> Any:
+        self.shm.system_register(req.name, req.key, req.offset, req.byte_size, peer_host(ctx))
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, req: Any, ctx: Any) -> Any:
+        self.shm.system_unregister(req.name, peer_host(ctx))
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, req: Any, ctx: Any) -> Any:
+        self.shm.cuda_status(req.name, peer_host(ctx))
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, req: Any, ctx: Any) -> Any:
+        self.shm.cuda_register(req.name, peer_host(ctx))
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(self, req: Any, ctx: Any) -> Any:
+        self.shm.cuda_unregister(req.name, peer_host(ctx))
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     async def ModelStreamInfer(self, requests: AsyncIterator[bytes | None], ctx: Any) -> AsyncIterator[Any]:
         # Requests of one stream run concurrently (so they can share batches, up to
         # MAX_STREAM_INFLIGHT at once); responses go out as they complete, each carrying its
@@ -144,14 +196,17 @@ class Servicer:
 
         async def one(raw: bytes | None) -> None:
             msg = pb.ModelInferRequest()
+            shm = self.shm.begin(peer_host(ctx))
             try:
                 msg = _parse(pb.ModelInferRequest, raw)
-                request = self._decode(msg, ctx)
+                request = self._decode(msg, ctx, shm)
                 async for response in self.dp.stream(request):
-                    await unsent.acquire()
-                    finished.put_nowait(
-                        pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(response))
+                    written = (
+                        shm.write_outputs(request, response) if shm is not None and request.outputs else ()
                     )
+                    encoded = grpc_codec.encode_infer_response(response, written)
+                    await unsent.acquire()
+                    finished.put_nowait(pb.ModelStreamInferResponse(infer_response=encoded))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -162,6 +217,8 @@ class Servicer:
                 await unsent.acquire()
                 finished.put_nowait(pb.ModelStreamInferResponse(error_message=message, infer_response=failed))
             finally:
+                if shm is not None:
+                    shm.release()
                 slots.release()
 
         async def read_all() -> None:
@@ -227,11 +284,11 @@ def _wrap_unary(
 
 
 def service_methods(
-    dataplane: DataPlane, auth: Auth, calls: CallCount
+    dataplane: DataPlane, auth: Auth, calls: CallCount, shm: SharedMemoryService | None = None
 ) -> dict[str, tuple[Callable[..., Any], Any, bool]]:
     """Each method of the service by name: its handler (raw request bytes, or an iterator
     of them for the stream, and a context), its response class, and whether it streams."""
-    servicer = Servicer(dataplane, auth, calls)
+    servicer = Servicer(dataplane, auth, calls, shm)
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     methods: dict[str, tuple[Callable[..., Any], Any, bool]] = {}
     for method in service.methods:
@@ -252,13 +309,14 @@ def build_grpc_server(
     auth: Auth | None = None,
     options: list[tuple[str, Any]] | None = None,
     calls: CallCount | None = None,
+    shm: SharedMemoryService | None = None,
 ) -> grpc.aio.Server:
     """A grpc.aio server with the inference service registered (not yet bound or started):
     the ``grpc.stack: grpcio`` choice, kept to measure against and as a fallback."""
     auth = auth or Auth(None)
     calls = calls or CallCount()
     handlers: dict[str, grpc.RpcMethodHandler] = {}
-    for name, (fn, resp_cls, streaming) in service_methods(dataplane, auth, calls).items():
+    for name, (fn, resp_cls, streaming) in service_methods(dataplane, auth, calls, shm).items():
         make = grpc.stream_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
         # no request deserializer: the handlers parse (and refuse) the bytes themselves
         handlers[name] = make(fn, response_serializer=resp_cls.SerializeToString)

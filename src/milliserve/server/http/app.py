@@ -36,6 +36,8 @@ from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE, JSON_
 from milliserve.server.http.edge_files import EdgeFiles
 from milliserve.server.http.embeddings import EmbeddingsRoute
 from milliserve.server.http.generate import GenerateRoutes
+from milliserve.server.http.shm_routes import KINDS, SharedMemoryRoutes
+from milliserve.server.shm.service import SharedMemoryService
 from milliserve.status import status_of
 
 __all__ = ["HttpApp"]
@@ -67,6 +69,7 @@ class HttpApp:
         max_json_bytes: int = 16 << 20,
         edge: EdgeFiles | None = None,
         local_only: bool = False,
+        shared_memory: SharedMemoryService | None = None,
     ) -> None:
         self.dp = dataplane
         self.max_request_bytes = max_request_bytes
@@ -78,6 +81,8 @@ class HttpApp:
         self.embeddings = EmbeddingsRoute(dataplane, self._read_body)
         self.edge = edge
         self.local_only = local_only  # a worker's private listener: no fan-out to siblings
+        self.shm = shared_memory or SharedMemoryService(False)
+        self.shm_routes = SharedMemoryRoutes(self.shm, self._read_body)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -204,6 +209,8 @@ class HttpApp:
             return await self._infer(scope, receive, rest)
         if method == "GET" and rest[-1:] == ["stats"] and rest[:1] == ["models"]:
             return await self._stats(rest)
+        if rest[:1] and rest[0] in KINDS:
+            return await self.shm_routes(scope, receive, rest)
         if method == "GET":
             return self._get(rest)
         if method == "POST" and rest[:1] == ["repository"]:
@@ -254,15 +261,24 @@ class HttpApp:
                 f"the JSON header of {header_len} bytes is over the limit of {self.max_json_bytes} bytes"
             )
         t0 = time.perf_counter()  # from here on the time is the server's, not the network's
-        if len(body) > OFFLOAD_BODY_BYTES and self._offload is not None:
-            request = await self._offload(decode_infer_request, body, header_len, name, version)
-        else:
-            request = decode_infer_request(body, header_len, name, version)
-        request.deadline = deadline
-        t1 = time.perf_counter()
-        response = await self.dp.infer(request)
-        t2 = time.perf_counter()
-        out, out_header_len = encode_infer_response(response, request)
+        client = scope.get("client")
+        shm = self.shm.begin(client[0] if client else None)  # None: shared memory is off
+        try:
+            reader = shm.input if shm is not None else None
+            if len(body) > OFFLOAD_BODY_BYTES and self._offload is not None:
+                request = await self._offload(decode_infer_request, body, header_len, name, version, reader)
+            else:
+                request = decode_infer_request(body, header_len, name, version, reader)
+            request.deadline = deadline
+            t1 = time.perf_counter()
+            response = await self.dp.infer(request)
+            t2 = time.perf_counter()
+            if shm is not None and request.outputs:
+                shm.write_outputs(request, response)
+            out, out_header_len = encode_infer_response(response, request)
+        finally:
+            if shm is not None:
+                shm.release()
         t3 = time.perf_counter()
         timing = (_SERVER_TIMING, finish_stages(response, t1 - t0, t3 - t2, t3 - t0).encode())
         if out_header_len is None:
