@@ -52,6 +52,15 @@ def _examples_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _examples_triton(args: argparse.Namespace) -> int:
+    from milliserve.examples.triton import build_triton_examples
+
+    for path in build_triton_examples(args.dir, args.only):
+        print(f"built {path.name}: {path}")
+    print(f"serve it with: milliserve serve {args.dir} --shared-memory system")
+    return 0
+
+
 def _examples_data(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -317,6 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--only", action="append", metavar="NAME", help="fraud_mlp, minilm, sentiment, ...; repeatable"
     )
     eb.set_defaults(func=_examples_build)
+    et = esub.add_parser(
+        "triton",
+        help="ONNX models with the names, tensors and configs of Triton's example repository "
+        "(simple, simple_sequence, ...), for Triton's own example clients",
+    )
+    et.add_argument("dir", type=Path, nargs="?", default=Path("build/triton_repository"))
+    et.add_argument("--only", action="append", metavar="NAME", help="simple, simple_sequence...; repeatable")
+    et.set_defaults(func=_examples_triton)
     ed = esub.add_parser("data", help="the sentiment tutorial's data: tweets, token streams, the FP32 model")
     ed.add_argument("dir", type=Path)
     ed.add_argument("--eval", type=int, default=1000, help="held-out tweets (default 1000)")

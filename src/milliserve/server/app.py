@@ -25,6 +25,7 @@ from milliserve.config.settings import Settings
 from milliserve.errors import ConfigError
 from milliserve.observability.grpc_metrics import GrpcListenerCollector
 from milliserve.observability.metrics import Metrics
+from milliserve.repository.poll import RepositoryPoller
 from milliserve.repository.registry import ModelRegistry
 from milliserve.repository.repository import Repository
 from milliserve.runtime.dataplane import DataPlane
@@ -106,6 +107,7 @@ class Server:
         self._grpc: Any = None
         self._grpc_sock: socket.socket | None = None  # the native stack's listening socket
         self._grpc_calls = CallCount()
+        self._poll: asyncio.Task[None] | None = None  # --model-control-mode poll
 
     async def local_metrics(self) -> bytes:
         return generate_latest(self.prometheus_registry)
@@ -291,11 +293,15 @@ class Server:
 
     async def _load(self) -> None:
         s = self.settings
-        if s.model_control_mode == "none":
+        if s.model_control_mode in ("none", "poll"):
             await self.registry.load_all()
         elif s.load_models:
             names = None if "*" in s.load_models else s.load_models
             await self.registry.load_all(names)
+        if s.model_control_mode == "poll" and self._poll is None:
+            poller = RepositoryPoller(self.registry, s.repository_poll_s, self.executor.run_load)
+            await poller.start()
+            self._poll = asyncio.create_task(poller.run(), name="repository-poll")
         self.dataplane.started = True
         log.info(
             "ready: %s",
@@ -315,6 +321,9 @@ class Server:
         elif self._grpc is not None:
             waits.append(asyncio.ensure_future(self._stop_grpc(grace)))
         await asyncio.gather(*waits, return_exceptions=True)
+        if self._poll is not None:
+            self._poll.cancel()
+            await asyncio.gather(self._poll, return_exceptions=True)
         await self.registry.close()
         self.shared_memory.close()
         await self.caches.close()
