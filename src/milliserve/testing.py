@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import mmap
 import os
 import signal
 import socket
@@ -26,6 +27,7 @@ __all__ = [
     "InProcessServer",
     "RedisServer",
     "ServerProcess",
+    "SharedMemoryObject",
     "free_port",
     "pending_requests",
     "post_status",
@@ -300,3 +302,40 @@ class RedisServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class SharedMemoryObject:
+    """A POSIX shared-memory object (Linux ``/dev/shm``), as a client of the shared-memory
+    extension makes one: created here (never an existing one), read and written through
+    ``buf``, unlinked by ``close`` (or the ``with`` block's end)."""
+
+    def __init__(self, key: str, size: int) -> None:
+        if not key.startswith("/") or "/" in key[1:]:
+            raise ValueError(f"{key!r} is not a POSIX shared-memory name like '/name'")
+        self.key = key
+        self.path = Path("/dev/shm") / key[1:]
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self.buf = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def write(self, data: bytes, offset: int = 0) -> None:
+        self.buf[offset : offset + len(data)] = data
+
+    def read(self, size: int, offset: int = 0) -> bytes:
+        return bytes(self.buf[offset : offset + size])
+
+    def close(self) -> None:
+        if not self.buf.closed:
+            self.buf.close()
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> SharedMemoryObject:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -144,7 +144,7 @@ class ModelRuntime(RoadServable):
         if config.sequence_batching is not None:  # a stateful model: the sequence batcher
             where = model_dir or Path(".")
             inline = _inline_mode(config)
-            self.execute = SequenceExecute(self.label, config, where, backends, self.io, self.stats, inline)
+            self.execute = SequenceExecute(config.name, config, where, backends, self.io, self.stats, inline)
             self.road = build_road(
                 [Deadline(None), *(StepStage(s) for s in steps), Validate(self.io)], self.execute
             )
