@@ -1,10 +1,16 @@
 """The browser edge for real: ``milliserve edge build`` (npm + esbuild), ``milliserve serve
 --edge``, and Debian's headless Chromium running the bundle with onnxruntime-web. The page's
 answers are checked against the server's, then the edge path is taken away (model file
-blocked, still downloading, too slow, input over its limits) and the server must answer."""
+blocked, still downloading, too slow, input over its limits) and the server must answer.
+
+WebGPU both ways: Chromium with ``--enable-unsafe-webgpu`` gives pages a WebGPU adapter (its
+software one, SwiftShader, on a machine without a GPU), and the session must really run
+there (ORT's device and its node placement log say so); without the flag the same bundle
+runs on WASM and says why."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Iterator
@@ -46,10 +52,25 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 @pytest.fixture(scope="module")
 def bundles(example_repo: Path, tmp_path_factory: pytest.TempPathFactory, edge_build: Any) -> Path:
     out = tmp_path_factory.mktemp("edge")
-    for target in ("sentiment", "fraud_mlp"):
-        done = edge_build(example_repo / target, out)
+    for target, extra in (
+        ("sentiment", ()),
+        ("fraud_mlp", ()),
+        ("sentiment", ("--webgpu", "--name", "sentiment_webgpu")),
+        ("fraud_mlp", ("--webgpu", "--fp16", "--name", "fraud_mlp_webgpu")),
+        ("fraud_mlp", ("--webgpu", "asyncify", "--name", "fraud_mlp_asyncify")),
+    ):
+        done = edge_build(example_repo / target, out, *extra)
         assert done.returncode == 0, done.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def webgpu_browser() -> Iterator[Any]:
+    """Chromium whose pages get a WebGPU adapter (SwiftShader where there is no GPU)."""
+    from milliserve.edge.browser import chromium
+
+    with chromium(webgpu=True) as context:
+        yield context
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +92,17 @@ def _open(
     page, refused = offline_page(browser, origin)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    console: list[str] = []
+    page.on("console", lambda m: console.append(m.text))
+    fetched: list[str] = []
+    page.on("request", lambda r: fetched.append(r.url))
     if before is not None:
         before(page)
     page.goto(f"{origin}/edge/{model}/{query}")
     page.wait_for_function("window.milliserve !== undefined", timeout=60_000)
     page.errors = errors  # type: ignore[attr-defined]
+    page.console = console  # type: ignore[attr-defined]
+    page.fetched = fetched  # type: ignore[attr-defined]
     return page, refused
 
 
@@ -129,7 +156,7 @@ def test_the_page_answers_in_the_browser_as_the_server_does(browser: Any, origin
     page.fill("#text", "What a lovely surprise, thank you all!")
     page.click("button[type=submit]")
     page.wait_for_function(f"window.milliserve.answers.length > {shown}")
-    assert page.inner_text("#source") == "edge"
+    assert page.inner_text("#source") == "edge" and page.inner_text("#via") == "on wasm"
     assert page.inner_text("#label") == _server_answer(origin, "What a lovely surprise, thank you all!")[0]
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / "edge-demo.png"
@@ -280,7 +307,8 @@ def test_edge_files_carry_isolation_and_cache_headers(origin: str, bundles: Path
     assert wasm.headers["content-type"] == "application/wasm" and "immutable" in wasm.headers["cache-control"]
     mjs = httpx.head(f"{origin}/edge/sentiment/{wasm_dir}ort-wasm-simd-threaded.mjs")
     assert mjs.headers["content-type"].startswith("text/javascript")
-    assert httpx.get(f"{origin}/edge/").json() == {"bundles": ["fraud_mlp", "sentiment"]}
+    listed = ["fraud_mlp", "fraud_mlp_asyncify", "fraud_mlp_webgpu", "sentiment", "sentiment_webgpu"]
+    assert httpx.get(f"{origin}/edge/").json() == {"bundles": listed}
     moved = httpx.get(f"{origin}/edge/sentiment")
     assert moved.status_code == 308 and moved.headers["location"] == "/edge/sentiment/"
     assert httpx.post(f"{origin}/edge/sentiment/manifest.json").status_code == 405
@@ -322,3 +350,173 @@ def test_models_the_browser_cannot_run_are_refused_with_the_reason(
     done = edge_build(example_repo / "no_such_model", tmp_path)
     assert done.returncode != 0 and "no model 'no_such_model'" in done.stderr
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# WebGPU on a software adapter is slow (a MiniLM run takes about 0.5 s on SwiftShader, and
+# each new sequence length compiles shaders): a few sentences, a short warm-up
+WEBGPU_SENTENCES = [SENTENCES[i] for i in (0, 1, 3, 6, 7, 8)]
+FORCED_WEBGPU = "?budget_ms=100000&provider=webgpu&warmup_runs=3&ort_log=1"
+
+
+def _client(page: Any) -> dict[str, Any]:
+    return page.evaluate(  # type: ignore[no-any-return]
+        "(() => { const c = window.milliserve.client;"
+        " return {state: c.state, reason: c.reason, provider: c.provider, providers: c.providers}; })()"
+    )
+
+
+def _placed(page: Any) -> list[str]:
+    """ORT's node placement log lines (the page asked for them with ort_log=1)."""
+    return [m for m in page.console if "placed on [" in m]
+
+
+def _positive(label: str, score: float) -> float:
+    return score if label == "positive" else 1.0 - score
+
+
+def test_webgpu_runs_the_sentiment_pipeline_as_the_server_does(webgpu_browser: Any, origin: str) -> None:
+    page, refused = _open(webgpu_browser, origin, FORCED_WEBGPU, model="sentiment_webgpu")
+    state, reason = _settled(page)
+    assert state == "ready", reason
+    client = _client(page)
+    assert client["provider"] == "webgpu" and "on webgpu" in reason, client
+    # ORT created its session on a GPU device (SwiftShader here), and placed nodes on it; the
+    # dynamic-INT8 kernels it has no WebGPU code for run on the CPU, in the same session
+    (measured,) = client["providers"]["measured"]
+    assert measured["provider"] == "webgpu" and measured["adapter"], measured
+    assert measured["adapter"] == client["providers"]["adapter"]["name"]
+    placed = _placed(page)
+    assert any("[WebGpuExecutionProvider]" in m for m in placed), placed
+    assert any("[CPUExecutionProvider]" in m for m in placed), placed
+    diffs = []
+    for text in WEBGPU_SENTENCES:
+        edge = _infer(page, text)
+        assert edge["source"] == "edge" and edge["provider"] == "webgpu", edge
+        label, score = _server_answer(origin, text)
+        diffs.append(abs(_positive(edge["label"], edge["score"]) - _positive(label, score)))
+        # INT8's requantization carries 1e-7 kernel differences on: a label may differ only
+        # where the server's score is that close to 0.5 (docs/edge.md)
+        assert edge["label"] == label or abs(score - 0.5) <= INT8_MAX_TOLERANCE, (text, edge, label, score)
+    assert max(diffs) <= INT8_MAX_TOLERANCE and sum(diffs) / len(diffs) <= INT8_MEAN_TOLERANCE, diffs
+    # the demo page says which provider answered
+    assert page.inner_text("#provider") == "webgpu"
+    assert page.inner_text("#source") == "edge" and page.inner_text("#via") == "on webgpu"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "edge-demo-webgpu.png"), full_page=True)
+    # one runtime: the WebGPU flavour (it runs WASM too); the plain WASM one is never fetched
+    assert any(u.endswith("ort-wasm-simd-threaded.jspi.wasm") for u in page.fetched), page.fetched
+    assert not any(u.endswith("ort-wasm-simd-threaded.wasm") for u in page.fetched)
+    assert not refused and not page.errors, (refused, page.errors)
+    page.close()
+
+
+@pytest.mark.parametrize("bundle", ["fraud_mlp_webgpu", "fraud_mlp_asyncify"])
+def test_webgpu_runs_a_tensor_model_as_the_server_does(webgpu_browser: Any, origin: str, bundle: str) -> None:
+    """A model without a tokenizer, FP32: the server's outputs to 1e-5, with each flavour."""
+    page, _ = _open(webgpu_browser, origin, FORCED_WEBGPU, model=bundle)
+    state, reason = _settled(page)
+    assert state == "ready", reason
+    assert _client(page)["provider"] == "webgpu"
+    assert any("[WebGpuExecutionProvider]" in m for m in _placed(page)), page.console
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        x = rng.normal(size=64).astype(np.float32)
+        edge = _infer(page, x.tolist())
+        server = _infer(page, x.tolist(), prefer="server")
+        assert edge["provider"] == "webgpu" and server["source"] == "server" and server["provider"] is None
+        np.testing.assert_allclose(
+            edge["outputs"]["probabilities"], server["outputs"]["probabilities"], atol=FP32_TOLERANCE
+        )
+    assert not page.errors, page.errors
+    page.close()
+
+
+def test_auto_times_both_providers_and_keeps_the_faster(webgpu_browser: Any, origin: str) -> None:
+    page, _ = _open(webgpu_browser, origin, "?budget_ms=100000", model="fraud_mlp_webgpu")
+    state, reason = _settled(page)
+    assert state == "ready", reason
+    client = _client(page)
+    report = client["providers"]
+    measured = {r["provider"]: r for r in report["measured"] if r["precision"] == "fp32"}
+    assert set(measured) == {"wasm", "webgpu"} and not any("error" in r for r in measured.values()), report
+    # the choice follows the page's own measurement (no claim here about which is faster)
+    faster = min(measured.values(), key=lambda r: (bool(r.get("stopped")), r["p50"]))
+    assert client["provider"] == faster["provider"] == report["chosen"], report
+    assert "wasm p50" in reason or "webgpu p50" in reason, reason
+    assert _infer(page, [0.5] * 64)["provider"] == faster["provider"]
+    # the FP16 copy is for adapters with shader-f16 only; where it is not used, it is not fetched
+    if not report["adapter"]["f16"]:
+        assert any(s.get("precision") == "fp16" and "shader-f16" in s["why"] for s in report["skipped"])
+        assert not any("model_half." in u for u in page.fetched), page.fetched
+    page.close()
+
+
+def test_a_webgpu_runtime_that_fails_to_load_leaves_wasm_and_says_why(
+    webgpu_browser: Any, origin: str
+) -> None:
+    def block(page: Any) -> None:
+        page.route("**/*.jspi.wasm", lambda r: r.abort())
+
+    page, _ = _open(webgpu_browser, origin, "?budget_ms=100000", model="fraud_mlp_webgpu", before=block)
+    state, reason = _settled(page)
+    assert state == "ready" and "webgpu not tried: the jspi runtime failed" in reason, reason
+    assert _infer(page, [0.5] * 64)["provider"] == "wasm"
+    assert any(u.endswith("ort-wasm-simd-threaded.wasm") for u in page.fetched)
+    page.close()
+
+
+def test_without_webgpu_the_same_bundle_runs_on_wasm_and_says_why(browser: Any, origin: str) -> None:
+    page, refused = _open(browser, origin, "?budget_ms=100000", model="sentiment_webgpu")
+    state, reason = _settled(page)
+    assert state == "ready", reason
+    client = _client(page)
+    assert client["provider"] == "wasm" and "webgpu not tried: this browser gives no WebGPU adapter" in reason
+    diffs = _compare(page, origin)
+    assert max(diffs) <= INT8_MAX_TOLERANCE and sum(diffs) / len(diffs) <= INT8_MEAN_TOLERANCE, diffs
+    assert _infer(page, "hello")["provider"] == "wasm"
+    # nothing of the WebGPU runtime was downloaded
+    assert not any("jspi" in u or "asyncify" in u for u in page.fetched), page.fetched
+    assert not refused
+    page.close()
+    # a page that insists on WebGPU gets the server, and the reason, never a quiet WASM
+    page, _ = _open(browser, origin, "?budget_ms=100000&provider=webgpu", model="sentiment_webgpu")
+    state, reason = _settled(page)
+    assert state == "off" and "webgpu was asked for" in reason, reason
+    answer = _infer(page, "I love this!")
+    assert (
+        answer["source"] == "server"
+        and answer["provider"] is None
+        and "webgpu was asked for" in answer["reason"]
+    )
+    page.close()
+
+
+def test_webgpu_bundles_ship_one_flavour_and_check_their_options(bundles: Path, example_repo: Path) -> None:
+    from milliserve.edge.bundle import build_bundle
+    from milliserve.errors import ConfigError
+
+    def ort_files(name: str) -> set[str]:
+        manifest = json.loads((bundles / name / "manifest.json").read_text())
+        return {f.name for f in (bundles / name / manifest["edge"]["wasm_path"]).iterdir()}
+
+    plain = {"ort-wasm-simd-threaded.wasm", "ort-wasm-simd-threaded.mjs"}
+    assert ort_files("sentiment") == plain
+    assert ort_files("sentiment_webgpu") == plain | {
+        "ort.jspi.min.mjs",
+        "ort-wasm-simd-threaded.jspi.mjs",
+        "ort-wasm-simd-threaded.jspi.wasm",
+    }
+    assert "ort.webgpu.min.mjs" in ort_files("fraud_mlp_asyncify")
+    half = json.loads((bundles / "fraud_mlp_webgpu" / "manifest.json").read_text())["edge"]["webgpu"][
+        "half_model"
+    ]
+    assert (bundles / "fraud_mlp_webgpu" / half["file"]).stat().st_size == half["bytes"]
+    assert half["precision"] == "fp16" and half["max_abs_diff"] < 1e-2
+    out = example_repo.parent / "edge-refused"
+    with pytest.raises(ConfigError, match="add --webgpu"):
+        build_bundle(example_repo / "fraud_mlp", out, provider="webgpu")
+    with pytest.raises(ConfigError, match="add --webgpu"):
+        build_bundle(example_repo / "fraud_mlp", out, fp16=True)
+    with pytest.raises(ConfigError, match="--fp16 converts an FP32 model"):
+        build_bundle(example_repo / "sentiment", out, webgpu="jspi", fp16=True)
+    assert not (out / "sentiment").exists()

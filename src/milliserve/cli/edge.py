@@ -24,6 +24,9 @@ def _edge_build(args: argparse.Namespace) -> int:
             budget_ms=args.budget_ms,
             threads=args.threads,
             bundle_name=args.name,
+            webgpu=args.webgpu,
+            provider=args.provider,
+            fp16=args.fp16,
         )
     m = bundle.manifest["model"]
     console.print(
@@ -33,6 +36,18 @@ def _edge_build(args: argparse.Namespace) -> int:
         f"edge budget {bundle.manifest['edge']['budget_ms']:g} ms, else the server's "
         f"{bundle.manifest['server']['infer_path']}"
     )
+    gpu = bundle.manifest["edge"]["webgpu"]
+    if gpu is not None:
+        mib = gpu["runtime_bytes"] / 2**20
+        line = (
+            f"  WebGPU: the {gpu['flavour']} runtime ({mib:.1f} MiB, fetched only by pages that get "
+            f"an adapter); pages use {bundle.manifest['edge']['provider']}"
+        )
+        half = gpu["half_model"]
+        if half is not None:
+            diff = half["max_abs_diff"]
+            line += f"; FP16 copy {half['bytes'] / 2**20:.1f} MiB, max |diff| {diff:.1e} on a sample"
+        console.print(line)
     for note in bundle.notes:
         console.print(f"[yellow]note[/yellow] {note}")
     repo = args.model.parent
@@ -65,4 +80,26 @@ def add_edge_parser(sub: Any) -> None:
     )
     b.add_argument("--name", default=None, help="the bundle's name under OUT and /edge/ (default: MODEL)")
     b.add_argument("--threads", type=int, default=0, help="WASM threads (default 0: ORT's choice)")
+    b.add_argument(
+        "--webgpu",
+        nargs="?",
+        const="jspi",
+        default=None,
+        choices=("jspi", "asyncify"),
+        help="ship onnxruntime-web's WebGPU runtime too, loaded only by pages that get an adapter: "
+        "jspi (default, 16.8 MB, Chrome/Edge 137+) or asyncify (26.8 MB, any WebGPU browser)",
+    )
+    b.add_argument(
+        "--provider",
+        default="auto",
+        choices=("auto", "wasm", "webgpu"),
+        help="the pages' provider: auto (default: the faster of WASM and WebGPU by the warm-up), "
+        "or only wasm or webgpu (pages may override it)",
+    )
+    b.add_argument(
+        "--fp16",
+        action="store_true",
+        help="with --webgpu: add an FP16 copy of an FP32 model, used on adapters with shader-f16 "
+        "when it is faster",
+    )
     b.set_defaults(func=_edge_build)

@@ -3,7 +3,8 @@
 The bundle holds the model file, its tokenizer when the model takes text, a manifest.json
 that tells the JavaScript client how to call the model and which server model answers when
 the page cannot, the client (onnxruntime-web + tokenizers.js, bundled with esbuild), ORT's
-WASM runtime and a demo page. Nothing in it is fetched from a CDN.
+WASM runtime (and its WebGPU one with ``--webgpu``, see ``webgpu.py``) and a demo page.
+Nothing in it is fetched from a CDN.
 
 What can run in the page: an ONNX model (``onnxruntime`` backend), optionally with its own
 tokenizer, or a pipeline of [tokenizer] → one ONNX model → [rules]. Anything else (feature
@@ -27,6 +28,7 @@ from typing import Any
 
 from milliserve.edge.assets import web_assets
 from milliserve.edge.plan import Plan, inputs_spec, plan_bundle, rules_spec, tokenizer_spec
+from milliserve.edge.webgpu import check_webgpu_options, half_model, unused_runtime_files, webgpu_spec
 from milliserve.errors import ConfigError
 
 __all__ = ["EdgeBundle", "build_bundle", "model_precision"]
@@ -107,6 +109,8 @@ def _manifest(
     threads: int,
     size: int,
     digest: str,
+    provider: str,
+    webgpu: dict[str, Any] | None,
 ) -> dict[str, Any]:
     target, model = plan.target, plan.model
     tokenizer = plan.tokenizer
@@ -127,7 +131,7 @@ def _manifest(
     return {
         "format": MANIFEST_FORMAT,
         "name": bundle_name,
-        "built_with": {k: v for k, v in versions.items() if k != "ort_dir"},
+        "built_with": {k: v for k, v in versions.items() if k not in ("ort_dir", "webgpu_flavours")},
         "model": {
             "file": files["model"],
             "bytes": size,
@@ -155,6 +159,8 @@ def _manifest(
             "warmup_runs": 8,
             "warmup_input": WARMUP_TEXT if tokenizer is not None else _zeros(inputs),
             "wasm_path": versions["ort_dir"] + "/",
+            "provider": provider,
+            "webgpu": webgpu,
         },
     }
 
@@ -168,12 +174,18 @@ def build_bundle(
     budget_ms: float | None = None,
     threads: int = 0,
     bundle_name: str | None = None,
+    webgpu: str | None = None,
+    provider: str = "auto",
+    fp16: bool = False,
 ) -> EdgeBundle:
     """Write the bundle for ``target`` (``REPO/MODEL``) to ``out/<bundle_name or MODEL>/``.
     The bundle is written beside its destination and swapped in at the end: a failed build
-    leaves the earlier bundle as it was."""
+    leaves the earlier bundle as it was. ``webgpu`` ("jspi" or "asyncify") ships that WebGPU
+    runtime too; ``provider`` is the pages' default ("auto": the faster by measurement);
+    ``fp16`` adds an FP16 copy of an FP32 model for adapters with shader-f16."""
     bundle_name = bundle_name or target.name
     _check_options(budget_ms, threads, bundle_name)
+    check_webgpu_options(webgpu, provider, fp16)
     bundle = _destination(out, bundle_name, target.parent)
     plan = plan_bundle(target, version, model_file)
     notes: list[str] = []
@@ -185,8 +197,9 @@ def build_bundle(
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=f".{bundle_name}-") as tmp:
         staging = Path(tmp) / bundle_name
-        shutil.copytree(assets, staging, ignore=shutil.ignore_patterns(".complete"))
-        versions = json.loads((staging / "versions.json").read_text())
+        versions = json.loads((assets / "versions.json").read_text())
+        unused = unused_runtime_files(versions, webgpu) | {".complete"}
+        shutil.copytree(assets, staging, ignore=lambda _dir, names: [n for n in names if n in unused])
         files = {"model": f"model.{digest[:12]}.onnx"}
         shutil.copy2(plan.source, staging / files["model"])
         if plan.tokenizer is not None:
@@ -196,7 +209,13 @@ def build_bundle(
                 raise ConfigError(f"{tok_path}: no such file")
             files["tokenizer"] = f"tokenizer.{_sha256(tok_path)[:12]}.json"
             shutil.copy2(tok_path, staging / files["tokenizer"])
-        manifest = _manifest(plan, bundle_name, files, versions, budget_ms, threads, size, digest)
+        gpu = None
+        if webgpu is not None:
+            half = half_model(plan.source, staging, model_precision(plan.source)) if fp16 else None
+            gpu = webgpu_spec(versions, webgpu, staging, half)
+        manifest = _manifest(
+            plan, bundle_name, files, versions, budget_ms, threads, size, digest, provider, gpu
+        )
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
         old = Path(tmp) / "previous"
         if bundle.exists():

@@ -1,10 +1,11 @@
-// milliserve's browser client: the model runs in the page with onnxruntime-web (WASM) when it
-// is loaded and fast enough on this device; otherwise the server's Open Inference Protocol
-// endpoint answers. Every answer says where it came from and how long it took.
+// milliserve's browser client: the model runs in the page with onnxruntime-web (WASM, or
+// WebGPU where the bundle ships it and the browser has an adapter) when it is loaded and fast
+// enough on this device; otherwise the server's Open Inference Protocol endpoint answers.
+// Every answer says where it came from, which provider computed it and how long it took.
 //
 //   const client = await EdgeClient.create({ base: "/edge/sentiment/" });
 //   const answer = await client.infer("what a lovely day");
-//   // { label, score, outputs, source: "edge" | "server", ms, reason }
+//   // { label, score, outputs, source: "edge" | "server", provider: "wasm" | "webgpu" | null, ms, reason }
 //
 // The bundle's manifest.json (written by `milliserve edge build`) says which model file to
 // load, how text becomes token ids, which outputs turn into a label, and which server model
@@ -12,7 +13,9 @@
 
 import * as ort from "onnxruntime-web/wasm";
 import { Tokenizer } from "@huggingface/tokenizers";
+import { measure, planProviders, providerLabel, quantile } from "./providers.js";
 
+// the WASM runtime every page has; a page on WebGPU runs its models on `client.ort`
 export { ort };
 
 const STATES = ["loading", "ready", "off"];
@@ -23,12 +26,6 @@ function now() {
 
 function utf8Length(text) {
   return new TextEncoder().encode(text).length;
-}
-
-function quantile(sorted, q) {
-  if (!sorted.length) return NaN;
-  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1));
-  return sorted[i];
 }
 
 // The server's tokenizer (Rust `tokenizers`) truncates the whole sequence, special tokens
@@ -67,9 +64,9 @@ class TextEncoderStep {
   }
 }
 
-// one request's tensor: [1, ...dims] for a batching model, dims alone otherwise; a dynamic
-// dim takes what the fixed ones leave
-function tensorFor(input, values, batched) {
+// one request's tensor (of the runtime `ort` that runs the session): [1, ...dims] for a
+// batching model, dims alone otherwise; a dynamic dim takes what the fixed ones leave
+function tensorFor(ort, input, values, batched) {
   const fixed = input.dims.reduce((a, d) => (d < 0 ? a : a * d), 1);
   const dims = input.dims.map((d) => (d < 0 ? values.length / fixed : d));
   const shape = batched ? [1, ...dims] : dims;
@@ -116,8 +113,11 @@ function applyRules(rules, outputs) {
 export class EdgeClient {
   // options: base (the bundle's URL, default: the page's folder), server (the server's origin,
   // default: the page's), budgetMs (edge only when warm-up p90 is within it; default: the
-  // manifest's), threads (WASM threads; 0: ORT's choice), warmupRuns, headers (for the
-  // server call, e.g. Authorization), serverTimeoutMs, edge (false: always the server)
+  // manifest's), provider ("auto": time WASM and WebGPU where both can run and keep the
+  // faster; "wasm" or "webgpu": only that one; default: the manifest's), threads (WASM
+  // threads; 0: ORT's choice), warmupRuns, headers (for the server call, e.g.
+  // Authorization), serverTimeoutMs, loadTimeoutMs, edge (false: always the server),
+  // ortLog (true: ORT logs its node placements to the console)
   static async create(options = {}) {
     const client = new EdgeClient(options);
     await client._loadManifest();
@@ -136,6 +136,8 @@ export class EdgeClient {
     this.listeners = [];
     this.recent = []; // the last edge latencies, ms
     this.errors = 0;
+    this.ort = ort; // the runtime that runs the session: the WebGPU flavour's where one loads
+    this.provider = null; // "wasm" or "webgpu" once the warm-up chose
   }
 
   onStateChange(fn) {
@@ -177,51 +179,114 @@ export class EdgeClient {
       return this.state;
     }
     const start = now();
-    ort.env.wasm.wasmPaths = new URL(m.edge.wasm_path, this.base).href;
-    ort.env.wasm.proxy = false; // the proxy worker would load this bundle and find no backend
-    const threads = Math.floor(Number(this.options.threads ?? m.edge.threads ?? 0));
-    if (threads > 0) ort.env.wasm.numThreads = threads;
-    else if (!globalThis.crossOriginIsolated) ort.env.wasm.numThreads = 1;
-    const [model, tokenizerJson] = await Promise.all([
-      this._download(new URL(m.model.file, this.base), m.model.bytes, m.model.sha256),
-      m.tokenizer ? fetch(new URL(m.tokenizer.file, this.base)).then((r) => {
-        if (!r.ok) throw new Error(`${m.tokenizer.file}: HTTP ${r.status}`);
-        return r.json();
-      }) : null,
-    ]);
-    this.timings.download_ms = now() - start;
-    if (tokenizerJson) this.encoder = new TextEncoderStep(tokenizerJson, m.tokenizer);
-    const t1 = now();
-    this.session = await ort.InferenceSession.create(model, {
-      executionProviders: ["wasm"],
-      graphOptimizationLevel: "all",
-    });
-    this.timings.session_ms = now() - t1;
-    this.threads = ort.env.wasm.numThreads;
-    const t2 = now();
-    const runs = Number(this.options.warmupRuns ?? m.edge.warmup_runs ?? 8);
-    const sample = m.edge.warmup_input;
-    const times = [];
-    for (let i = 0; i < runs; i++) {
-      const t = now();
-      await this._runEdge(sample);
-      times.push(now() - t);
+    const provider = this.options.provider || m.edge.provider || "auto";
+    const tokenizer = m.tokenizer ? fetch(new URL(m.tokenizer.file, this.base)).then((r) => {
+      if (!r.ok) throw new Error(`${m.tokenizer.file}: HTTP ${r.status}`);
+      return r.json();
+    }) : null;
+    tokenizer?.catch(() => {}); // awaited below; a failure is reported there
+    this._bytes = new Map();
+    // every plan but a forced WebGPU one (which may find no adapter) runs the model file:
+    // its download need not wait for the adapter
+    if (provider !== "webgpu") this._model(m.model).catch(() => {});
+    let plan = await planProviders(m, provider, this.base);
+    let { best, session, measured } = await this._choose(plan, tokenizer, start);
+    if (!session && plan.runtime !== "wasm" && provider === "auto") {
+      // the WebGPU runtime itself failed (it runs both providers): the plain WASM one, saying why
+      const why = `the ${plan.runtime} runtime failed (${measured.map((r) => r.error).join("; ")})`;
+      plan = await planProviders(m, "wasm", this.base);
+      plan.skipped = [{ provider: "webgpu", why }];
+      ({ best, session, measured } = await this._choose(plan, tokenizer, start));
     }
-    this.timings.warmup_ms = now() - t2;
     this.timings.ready_ms = now() - start;
-    this.warmupTimes = times;
-    // the first runs pay one-off costs (allocations, kernel selection): judged on the rest
-    const steady = times.slice(Math.min(2, times.length - 1)).sort((a, b) => a - b);
-    this.warmP90 = quantile(steady, 0.9);
+    this.providers = { runtime: plan.runtime, adapter: plan.adapter, measured, skipped: plan.skipped };
+    if (!session) throw new Error(measured.map((r) => `${providerLabel(r)}: ${r.error}`).join("; "));
+    this.session = session;
+    this.provider = best.provider;
+    this.precision = best.precision;
+    this.warmupTimes = best.runs;
+    this.warmP90 = best.p90;
+    this.providers.chosen = providerLabel(best);
+    this.providers.why = this._why(best, measured, plan.skipped);
+    const on = `on ${providerLabel(best)} (${this.providers.why})`;
     if (!(this.warmP90 <= this.budgetMs)) {
       this._setState(
         "off",
-        `too slow on this device: warm-up p90 ${this.warmP90.toFixed(2)} ms > budget ${this.budgetMs} ms`,
+        `too slow on this device: warm-up p90 ${this.warmP90.toFixed(2)} ms > budget ${this.budgetMs} ms ${on}`,
       );
     } else {
-      this._setState("ready", `warm-up p90 ${this.warmP90.toFixed(2)} ms within ${this.budgetMs} ms`);
+      this._setState("ready", `warm-up p90 ${this.warmP90.toFixed(2)} ms within ${this.budgetMs} ms ${on}`);
     }
     return this.state;
+  }
+
+  // The plan's candidates, each created and timed on the warm-up input; the fastest by
+  // median is kept, the others released.
+  async _choose(plan, tokenizer, start) {
+    const m = this.manifest;
+    const rt = plan.ort;
+    rt.env.wasm.wasmPaths = new URL(m.edge.wasm_path, this.base).href;
+    rt.env.wasm.proxy = false; // the proxy worker would load this bundle and find no backend
+    const threads = Math.floor(Number(this.options.threads ?? m.edge.threads ?? 0));
+    if (threads > 0) rt.env.wasm.numThreads = threads;
+    else if (!globalThis.crossOriginIsolated) rt.env.wasm.numThreads = 1;
+    const bytes = new Map();
+    for (const c of plan.candidates) bytes.set(c.model.file, this._model(c.model));
+    for (const [file, pending] of bytes) {
+      // the model itself must arrive; an FP16 copy that does not is that candidate's failure
+      bytes.set(file, await pending.catch((err) => {
+        if (file === m.model.file) throw err;
+        return err;
+      }));
+    }
+    const tokenizerJson = await tokenizer;
+    if (tokenizerJson && !this.encoder) this.encoder = new TextEncoderStep(tokenizerJson, m.tokenizer);
+    this.timings.download_ms = now() - start;
+    this.ort = rt;
+    this.threads = rt.env.wasm.numThreads;
+    const runs = Math.max(1, Number(this.options.warmupRuns ?? m.edge.warmup_runs ?? 8));
+    const runOnce = (session) => this._runEdge(m.edge.warmup_input, session);
+    const measured = [];
+    let best = null;
+    let session = null;
+    for (const candidate of plan.candidates) {
+      const model = bytes.get(candidate.model.file);
+      if (model instanceof Error) {
+        measured.push({ provider: candidate.provider, precision: candidate.precision, runs: [], error: model.message });
+        continue;
+      }
+      const tried = await measure(rt, candidate, model, runOnce, runs, best, this.options.ortLog);
+      measured.push(tried.result);
+      if (!tried.session) continue;
+      if (best && !(tried.result.p50 < best.p50)) {
+        await tried.session.release();
+        continue;
+      }
+      if (session) await session.release();
+      [best, session] = [tried.result, tried.session];
+    }
+    this.timings.session_ms = measured.reduce((a, r) => a + (r.session_ms || 0), 0);
+    this.timings.warmup_ms = measured.reduce((a, r) => a + r.runs.reduce((x, y) => x + y, 0), 0);
+    return { best, session, measured };
+  }
+
+  // why the chosen provider answers: the measurement, or why the others could not run
+  _why(best, measured, skipped) {
+    const ms = (r) => `p50 ${r.p50.toFixed(2)} ms`;
+    const others = measured.filter((r) => r !== best).map((r) =>
+      r.error ? `${providerLabel(r)} failed: ${r.error}` : `${providerLabel(r)} ${ms(r)}${r.stopped ? ` (${r.stopped})` : ""}`,
+    );
+    const parts = [others.length ? `${ms(best)} against ${others.join(", ")}` : `the only provider: ${ms(best)}`];
+    for (const s of skipped) parts.push(`${providerLabel(s)} not tried: ${s.why}`);
+    return parts.join("; ");
+  }
+
+  // a model file of the manifest (the model, or its FP16 copy), downloaded once
+  _model(file) {
+    if (!this._bytes.has(file.file)) {
+      this._bytes.set(file.file, this._download(new URL(file.file, this.base), file.bytes, file.sha256));
+    }
+    return this._bytes.get(file.file);
   }
 
   // the model, checked against the manifest's size and SHA-256 (where the page has
@@ -264,14 +329,14 @@ export class EdgeClient {
       if (enc.over) return enc;
       const ids = m.inputs.find((i) => i.name === m.tokenizer.ids);
       const batched = m.model.batched;
-      feeds[ids.name] = tensorFor(ids, enc.ids, batched);
+      feeds[ids.name] = tensorFor(this.ort, ids, enc.ids, batched);
       if (m.tokenizer.mask) {
         const mask = m.inputs.find((i) => i.name === m.tokenizer.mask);
-        feeds[mask.name] = tensorFor(mask, enc.ids.map(() => 1), batched);
+        feeds[mask.name] = tensorFor(this.ort, mask, enc.ids.map(() => 1), batched);
       }
       if (m.tokenizer.type_ids) {
         const types = m.inputs.find((i) => i.name === m.tokenizer.type_ids);
-        feeds[types.name] = tensorFor(types, enc.ids.map(() => 0), batched);
+        feeds[types.name] = tensorFor(this.ort, types, enc.ids.map(() => 0), batched);
       }
       return { feeds, tokens: enc.tokens };
     }
@@ -283,7 +348,7 @@ export class EdgeClient {
       if (values.length === 0 || values.length % fixed !== 0 || (spec.dims.every((d) => d >= 0) && values.length !== fixed)) {
         return { over: `input ${spec.server_name} has ${values.length} values, the model takes [${spec.dims}]` };
       }
-      feeds[spec.name] = tensorFor(spec, values, m.model.batched);
+      feeds[spec.name] = tensorFor(this.ort, spec, values, m.model.batched);
     }
     return { feeds };
   }
@@ -297,15 +362,15 @@ export class EdgeClient {
     return input && typeof input === "object" ? input : {};
   }
 
-  async _runEdge(input) {
+  async _runEdge(input, session = this.session) {
     const prepared = this._feeds(input);
     if (prepared.over) throw new Error(prepared.over);
-    return this._run(prepared.feeds);
+    return this._run(prepared.feeds, session);
   }
 
   // the model's outputs by name, as plain arrays
-  async _run(feeds) {
-    const results = await this.session.run(feeds);
+  async _run(feeds, session = this.session) {
+    const results = await session.run(feeds);
     const outputs = {};
     for (const name of this.manifest.outputs) outputs[name] = plainArray(results[name].data);
     return outputs;
@@ -357,7 +422,7 @@ export class EdgeClient {
     }
   }
 
-  // One answer: { label, score, outputs, source: "edge" | "server", ms, reason }.
+  // One answer: { label, score, outputs, source: "edge" | "server", provider, ms, reason }.
   // options.prefer: "edge" (default policy) or "server" (skip the page's model)
   async infer(input, options = {}) {
     const t0 = now();
@@ -394,7 +459,10 @@ export class EdgeClient {
       label = outputs[m.rules.output]?.[0];
       score = m.rules.score_output ? outputs[m.rules.score_output]?.[0] : undefined;
     }
-    return { label, score, outputs, source, ms: now() - t0, reason };
+    const provider = source === "edge" ? this.provider : null;
+    const answer = { label, score, outputs, source, provider, ms: now() - t0, reason };
+    if (provider && this.precision === "fp16" && m.model.precision !== "fp16") answer.precision = "fp16";
+    return answer;
   }
 
   // a device that slows down (thermal throttling, a busy tab) hands its work to the server

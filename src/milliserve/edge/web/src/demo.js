@@ -1,5 +1,6 @@
 // The demo page: a text box, the answer, where it came from, and a live latency chart.
-// Query parameters: budget_ms, threads, edge=0 (always the server).
+// Query parameters: budget_ms, threads, provider (auto, wasm, webgpu), warmup_runs,
+// ort_log=1 (ORT logs its node placements to the console), edge=0 (always the server).
 import { EdgeClient } from "./milliserve-edge.js";
 
 const $ = (id) => document.getElementById(id);
@@ -18,6 +19,8 @@ function show(answer) {
   $("score").textContent = typeof answer.score === "number" ? answer.score.toFixed(4) : "";
   $("source").textContent = answer.source;
   $("source").className = answer.source;
+  // which provider computed an edge answer: wasm, webgpu, or webgpu (fp16)
+  $("via").textContent = answer.provider ? `on ${answer.provider}${answer.precision ? ` (${answer.precision})` : ""}` : "";
   $("ms").textContent = `${answer.ms.toFixed(2)} ms`;
   $("why").textContent = answer.reason || "";
   draw();
@@ -54,6 +57,9 @@ async function main() {
   const options = {};
   if (params.has("budget_ms")) options.budgetMs = Number(params.get("budget_ms"));
   if (params.has("threads")) options.threads = Number(params.get("threads"));
+  if (params.has("provider")) options.provider = params.get("provider");
+  if (params.has("warmup_runs")) options.warmupRuns = Number(params.get("warmup_runs"));
+  if (params.get("ort_log") === "1") options.ortLog = true;
   if (params.get("edge") === "0") options.edge = false;
   const client = await EdgeClient.create(options);
   window.milliserve = { client, answers, show };
@@ -82,6 +88,26 @@ async function main() {
   $("timings").textContent = Object.entries(client.timings)
     .map(([k, v]) => `${k} ${v.toFixed(0)}`)
     .join(" · ");
+  showProviders(client.providers);
+}
+
+// the warm-up report: which provider answers, on which adapter, and what each one measured
+function showProviders(p) {
+  if (!p) {
+    $("provider").textContent = "none";
+    $("adapter").textContent = "not asked";
+    return;
+  }
+  $("provider").textContent = p.chosen || "none";
+  $("adapter").textContent = p.adapter ? `${p.adapter.name}${p.adapter.f16 ? ", shader-f16" : ""}` : "none";
+  const rows = p.measured.map((r) => {
+    const name = r.precision === "fp16" && r.provider === "webgpu" ? "webgpu (fp16)" : r.provider;
+    if (r.error) return `${name}: failed (${r.error})`;
+    const p50 = r.p50.toFixed(2), p90 = r.p90.toFixed(2);
+    return `${name}: session ${r.session_ms.toFixed(0)} ms, warm-up p50 ${p50} / p90 ${p90} ms${r.stopped ? ` (${r.stopped})` : ""}`;
+  });
+  for (const s of p.skipped) rows.push(`${s.provider}${s.precision ? ` (${s.precision})` : ""}: not tried (${s.why})`);
+  $("measured").textContent = rows.join("\n");
 }
 
 main().catch((err) => setStatus("error", err.message || String(err)));
