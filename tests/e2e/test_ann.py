@@ -4,7 +4,6 @@ HTTP and gRPC checked against exact search computed here with ONNX Runtime and n
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,15 +31,14 @@ N_TEXTS = 300
 def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     root = tmp_path_factory.mktemp("ann")
     repo = root / "repo"
-    build_examples(repo, only=["minilm"])
+    build_examples(repo, only=["minilm", "minilm_embed"])  # the index's encoder, the queries'
     pipe = repo / "search"
     (pipe / "1").mkdir(parents=True)
-    shutil.copyfile(tokenizer_path(), pipe / "tokenizer.json")
     (pipe / "config.yaml").write_text(PIPELINE_YAML.replace("name: tweet_search", "name: search"))
     texts = [t for t in tweet_texts(N_TEXTS + 20)[0] if "\n" not in t and "\r" not in t][:N_TEXTS]
     (root / "tweets.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    # the tokenizer is found through the pipeline that runs minilm after a tokenizer step
     args = ["index", "build", str(root / "tweets.txt"), "--repo", str(repo), "--model", "minilm"]
+    args += ["--tokenizer", str(tokenizer_path())]
     assert main([*args, "--output", str(pipe / "tweets.index")]) == 0
     return repo, texts
 
@@ -112,8 +110,8 @@ def test_k_from_the_request_and_bad_k_is_a_400(server: ServerProcess) -> None:
 def test_config_shows_the_ann_step(server: ServerProcess) -> None:
     r = httpx.get(f"http://{server.http_url}/v2/models/search/config", timeout=30)
     steps = r.json()["ensemble_scheduling"]["step"]
-    assert steps[0]["tokenizer"]["allow_empty"] is False
-    assert steps[2]["ann"] == {
+    assert steps[0]["model_name"] == "minilm_embed"  # the query's embedding as /v1/embeddings makes it
+    assert steps[1]["ann"] == {
         "index": "tweets.index",
         "input": "embedding",
         "k": 10,
@@ -144,6 +142,6 @@ def test_grpc_takes_k_and_refuses_a_bad_one(server: ServerProcess) -> None:
         assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
         # Triton's own message: our step fields skipped, but the config with an ann step encodes
         config = client.get_model_config("search").config
-        assert [s.model_name for s in config.ensemble_scheduling.step] == ["", "minilm", ""]
+        assert [s.model_name for s in config.ensemble_scheduling.step] == ["minilm_embed", ""]
     finally:
         client.close()

