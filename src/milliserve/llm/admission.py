@@ -134,16 +134,20 @@ class WaitingRoom:
         return out
 
 
-def ahead_of(lines: list[tuple[int, str, list[GenRequest]]], client: str, level: int) -> Iterator[GenRequest]:
+def ahead_of(
+    lines: list[tuple[int, str, list[GenRequest]]], client: str, level: int, held: dict[str, int]
+) -> Iterator[GenRequest]:
     """The waiting requests a new request of ``client`` at ``level`` would wait behind:
     every one of a higher level; of its own level, its client's, and of each other client
-    as many as its client has waiting plus one (the lines take turns)."""
+    those that take their turns first (the client holding fewer slots goes first: a
+    client that holds more than this one waits behind it)."""
     mine = sum(len(reqs) for lv, c, reqs in lines if lv == level and c == client)
+    turns = mine + 1 + held.get(client, 0)
     for lv, c, reqs in lines:
         if lv < level or (lv == level and c == client):
             yield from reqs
         elif lv == level:
-            yield from reqs[: mine + 1]
+            yield from reqs[: max(0, turns - held.get(c, 0))]
 
 
 class Preemption:

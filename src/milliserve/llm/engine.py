@@ -211,7 +211,8 @@ class Engine:
         lines = self._waiting.snapshot()
         for r in list(self._incoming):
             lines.append((r.level, r.client, [r]))
-        queued = sorted(ahead_of(lines, client, level), key=lambda r: r.arrival)
+        held = dict(self._waiting.running)
+        queued = sorted(ahead_of(lines, client, level, held), key=lambda r: r.arrival)
         ahead = sum(len(r.prompt) - (self.cached(r.prompt) if i < 8 else 0) for i, r in enumerate(queued))
         ahead += sum(len(s.req.prompt) - s.prefilled for s in running)
         decoding = sum(1 for s in running if s.prefilled == len(s.req.prompt))
