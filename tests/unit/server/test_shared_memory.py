@@ -162,13 +162,15 @@ def test_inputs_and_outputs_of_a_request(shm: Callable[[int], SharedMemoryObject
         "m", "", [], outputs=[RequestedOutput("Y", {**params, "shared_memory_offset": 100})]
     )
     response = InferResponse("m", "1", [InferTensor("Y", "FP32", (2, 3), y)])
-    assert use.write_outputs(request, response) == {"Y"}
+    use.bind_outputs(request)
+    assert use.write_outputs(response) == {"Y"}
     assert obj.read(24, 100) == y.tobytes()
     small = InferRequest(
         "m", "", [], outputs=[RequestedOutput("Y", {**params, "shared_memory_byte_size": 8})]
     )
+    use.bind_outputs(small)
     with pytest.raises(InvalidInputError, match="should be at least 24 bytes"):
-        use.write_outputs(small, response)
+        use.write_outputs(response)
     use.release()
     region, _ = svc.regions.acquire("io", 0, 1, "input 'X'")
     assert region.users == 1  # the request's holds were all released

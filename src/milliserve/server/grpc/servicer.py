@@ -117,6 +117,8 @@ class Servicer:
         request = grpc_codec.decode_infer_request(req, shm.input if shm is not None else None)
         if remaining is not None:
             request.deadline = t0 + remaining
+        if shm is not None and request.outputs:
+            shm.bind_outputs(request)
         return request
 
     async def _infer(self, req: Any, ctx: Any) -> tuple[Any, str]:
@@ -128,7 +130,7 @@ class Servicer:
             t1 = time.perf_counter()
             response = await self.dp.infer(request)
             t2 = time.perf_counter()
-            written = shm.write_outputs(request, response) if shm is not None and request.outputs else ()
+            written = shm.write_outputs(response) if shm is not None else ()
             out = grpc_codec.encode_infer_response(response, written)
         finally:
             if shm is not None:
@@ -201,9 +203,7 @@ class Servicer:
                 msg = _parse(pb.ModelInferRequest, raw)
                 request = self._decode(msg, ctx, shm)
                 async for response in self.dp.stream(request):
-                    written = (
-                        shm.write_outputs(request, response) if shm is not None and request.outputs else ()
-                    )
+                    written = shm.write_outputs(response) if shm is not None else ()
                     encoded = grpc_codec.encode_infer_response(response, written)
                     await unsent.acquire()
                     finished.put_nowait(pb.ModelStreamInferResponse(infer_response=encoded))

@@ -270,11 +270,13 @@ class HttpApp:
             else:
                 request = decode_infer_request(body, header_len, name, version, reader)
             request.deadline = deadline
+            if shm is not None and request.outputs:
+                shm.bind_outputs(request)
             t1 = time.perf_counter()
             response = await self.dp.infer(request)
             t2 = time.perf_counter()
-            if shm is not None and request.outputs:
-                shm.write_outputs(request, response)
+            if shm is not None:
+                shm.write_outputs(response)
             out, out_header_len = encode_infer_response(response, request)
         finally:
             if shm is not None:

@@ -44,13 +44,14 @@ def _where(what: str, params: Parameters) -> tuple[str, int, int]:
 class SharedMemoryUse:
     """The regions one request reads and writes; ``release`` when its answer is out."""
 
-    __slots__ = ("held", "peer", "peer_ok", "registry")
+    __slots__ = ("held", "peer", "peer_ok", "registry", "targets")
 
     def __init__(self, registry: RegionRegistry, peer: str | None) -> None:
         self.registry = registry
         self.peer = peer
         self.peer_ok = False
         self.held: list[Region] = []
+        self.targets: dict[str, memoryview] = {}  # output name -> where it is written
 
     def _take(self, what: str, params: Parameters) -> memoryview:
         if not self.peer_ok:
@@ -80,22 +81,23 @@ class SharedMemoryUse:
         arr.flags.writeable = False
         return arr
 
-    def write_outputs(self, request: InferRequest, response: InferResponse) -> frozenset[str]:
-        """Write the outputs the request asked into shared memory there; returns their names."""
-        targets = {
-            o.name: o.parameters
-            for o in request.outputs or ()
-            if o.parameters and "shared_memory_region" in o.parameters
-        }
-        if not targets:
+    def bind_outputs(self, request: InferRequest) -> None:
+        """Take the regions the request's outputs are to be written to, before it runs (as
+        its inputs' are): a bad one is refused before any compute, and a region unregistered
+        meanwhile still receives the answer."""
+        for o in request.outputs or ():
+            if o.parameters and "shared_memory_region" in o.parameters:
+                self.targets[o.name] = self._take(f"output {o.name!r}", o.parameters)
+
+    def write_outputs(self, response: InferResponse) -> frozenset[str]:
+        """Write the outputs bound by ``bind_outputs`` into their regions; returns their names."""
+        if not self.targets:
             return frozenset()
         written: set[str] = set()
         for out in response.outputs:
-            params = targets.get(out.name)
-            if params is None:
+            buf = self.targets.get(out.name)
+            if buf is None:
                 continue
-            what = f"output {out.name!r}"
-            buf = self._take(what, params)
             if out.datatype == BYTES:
                 raw: Any = np.frombuffer(array_to_raw(BYTES, out.data), np.uint8)
             else:
@@ -110,6 +112,7 @@ class SharedMemoryUse:
         return frozenset(written)
 
     def release(self) -> None:
+        self.targets.clear()
         for region in self.held:
             self.registry.release(region)
         self.held.clear()
