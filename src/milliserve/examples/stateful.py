@@ -33,7 +33,9 @@ _F, _I64, _U64, _B, _I32 = (
 )
 
 
-def _config(name: str, max_batch_size: int, strategy: str, idle_us: int, instances: int) -> str:
+def _config(
+    name: str, max_batch_size: int, strategy: str, idle_us: int, instances: int, delay_us: int
+) -> str:
     return f"""\
 name: "{name}"
 platform: "onnxruntime_onnx"
@@ -47,7 +49,7 @@ output [
 ]
 sequence_batching {{
   max_sequence_idle_microseconds: {idle_us}
-  {strategy} {{ }}
+  {strategy} {{ max_queue_delay_microseconds: {delay_us} }}
   control_input [
     {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START bool_false_true: [ false, true ] }} ] }},
     {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }},
@@ -69,8 +71,10 @@ def build_running_stats(
     strategy: str = "direct",
     idle_us: int = 5_000_000,
     instances: int = 1,
+    queue_delay_us: int = 0,
 ) -> Path:
-    """Write the model and its config into ``repo/name``; returns the model folder."""
+    """Write the model and its config into ``repo/name``; returns the model folder.
+    ``queue_delay_us``: how long a batch may wait for more sequences to send."""
     b: list[int | str] = ["batch"] if max_batch_size > 0 else []
     nodes = [
         helper.make_node("Not", ["START"], ["carry_b"]),
@@ -110,5 +114,7 @@ def build_running_stats(
     folder = repo / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(folder / "1" / "model.onnx"))
-    (folder / "config.pbtxt").write_text(_config(name, max_batch_size, strategy, idle_us, instances))
+    (folder / "config.pbtxt").write_text(
+        _config(name, max_batch_size, strategy, idle_us, instances, queue_delay_us)
+    )
     return folder
