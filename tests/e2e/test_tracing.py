@@ -250,3 +250,17 @@ def test_generation_spans_carry_ttft_and_tokens(llm_repo: Path, receiver: Receiv
         assert attrs["gen_ai.server.time_to_first_token"] > 0
         assert attrs["gen_ai.response.finish_reasons"] in (["length"], ["stop"])
         assert "first token" in {s["name"] for s in _children(spans, gen)}
+
+
+def test_a_caller_that_does_not_sample_gets_no_spans(traced: ServerProcess, receiver: Receiver) -> None:
+    body = {"inputs": [{"name": "features", "shape": [1, 64], "datatype": "FP32", "data": _features()}]}
+    url = f"http://{traced.http_url}/v2/models/fraud_mlp/infer"
+    unsampled = "0af7651916cd43dd8448eb211c80319c"
+    assert httpx.post(
+        url, json=body, headers={"traceparent": f"00-{unsampled}-b7ad6b7169203331-00"}
+    ).is_success
+    marker = "11111111111111111111111111111111"
+    assert httpx.post(url, json=body, headers={"traceparent": f"00-{marker}-b7ad6b7169203331-01"}).is_success
+    receiver.trace("POST /v2/models/{model_name}/infer", {})  # exports arrive in order
+    wait_until(lambda: any(s["trace"] == marker for s in receiver.spans), 30, "the sampled request's spans")
+    assert not any(s["trace"] == unsampled for s in receiver.spans)  # parent-based sampling
