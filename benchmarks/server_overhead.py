@@ -1,7 +1,11 @@
 """Front-end overhead of milliserve against the minimal FastAPI baseline, and the HTTP
 stack candidates, on the example fraud_mlp. Writes docs/benchmarks.md.
 
-    python benchmarks/server_overhead.py [--rounds 3] [--seconds 4]
+    python benchmarks/server_overhead.py [--rounds 3] [--seconds 4] [--quick]
+
+``milliserve (JSON, tracing on)`` is the default server exporting OpenTelemetry spans over
+OTLP/HTTP (``--otlp-endpoint``) to a sink in this process that answers 200 to every export:
+the cost of tracing every request. ``--quick``: one round of 1 s, printed, not written.
 
 Needs ``wrk`` (Debian package) and ``granian`` (pip) besides the test extra.
 Every server runs at once; wrk drives them in turn,
@@ -13,6 +17,7 @@ share them with each other's idle loops.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import re
@@ -166,6 +171,32 @@ def handoff_cost(model: Path) -> dict[str, float]:
     return uvloop.run(measure())
 
 
+@contextmanager
+def otlp_sink() -> Iterator[str]:
+    """An OTLP/HTTP endpoint that takes every export (200) and keeps nothing: its URL."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    thread = Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def cpu_description() -> str:
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = re.search(r"Model name:\s+(.*)", lscpu)
@@ -183,8 +214,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=4)
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    ap.add_argument("--out", type=Path, default=None, help="default docs/benchmarks.md (none with --quick)")
+    ap.add_argument("--quick", action="store_true", help="one round of 1 s, to check the script")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 1, 1
 
     work = Path(tempfile.mkdtemp(prefix="ms-bench-"))
     repo = work / "repo"
@@ -245,12 +279,18 @@ def main() -> None:
         )
         plain = stack.enter_context(ServerProcess(repo, env={**os.environ, "MILLISERVE_CPU_AFFINITY": "off"}))
         targets.append(Target("milliserve (JSON, cpu_affinity off)", plain.http_port, json_body, json_h))
+        sink = stack.enter_context(otlp_sink())
+        traced = stack.enter_context(ServerProcess(repo, "--otlp-endpoint", sink))
+        targets.append(Target("milliserve (JSON, tracing on)", traced.http_port, json_body, json_h))
         base_port = free_port()
         stack.enter_context(
             process([sys.executable, str(APPS / "fastapi_baseline.py"), str(model), str(base_port)])
         )
         targets.append(Target("FastAPI + uvicorn baseline", base_port, json_body, json_h))
-        for stack_name in ("raw-uvicorn", "starlette-uvicorn", "raw-granian"):
+        probes = ["raw-uvicorn", "starlette-uvicorn", "raw-granian"]
+        if args.quick and importlib.util.find_spec("granian") is None:
+            probes.remove("raw-granian")  # a quick check of the script runs without it
+        for stack_name in probes:
             port = free_port()
             stack.enter_context(
                 process(
@@ -336,11 +376,16 @@ def main() -> None:
         "default for models slower than half a thread hand-off per batch).",
         "- `cpu_affinity off`: without the default placement of the event loop (and of "
         "microsecond models' workers) on one CPU.",
+        "- `tracing on`: the default server with `--otlp-endpoint`, every request traced (a SERVER "
+        "span, the model's, its stages') and exported over OTLP/HTTP to a sink that answers 200; "
+        "off (every other row), a request pays one branch for tracing.",
         "- The stack probes serve the same route with the model called inline and nothing else, "
         "to choose the HTTP stack by measurement; the baseline is FastAPI with pydantic models.",
         "",
     ]
-    write_section("server-overhead", "\n".join(lines), args.out)
+    out = args.out or (None if args.quick else ROOT / "docs" / "benchmarks.md")
+    if out is not None:
+        write_section("server-overhead", "\n".join(lines), out)
     print("\n".join(lines))
 
 

@@ -316,6 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="serve the browser bundles in DIR (milliserve edge build) at /edge/<model>/ (default off)",
     )
+    s.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="export OpenTelemetry traces per stage over OTLP/HTTP to URL (a collector's base URL, "
+        "as OTEL_EXPORTER_OTLP_ENDPOINT; default off)",
+    )
     s.set_defaults(func=_serve)
 
     e = sub.add_parser("examples", help="example model repository")

@@ -39,6 +39,7 @@ _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "strict_readiness": ("strict_readiness",),
     "edge": ("edge", "dir"),
     "workers": ("workers",),
+    "otlp_endpoint": ("tracing", "otlp_endpoint"),
 }
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "RedisSettings",
     "Settings",
     "SharedMemorySettings",
+    "TracingSettings",
     "cache_dir",
     "hf_offline_env",
     "ray_env",
@@ -207,6 +208,46 @@ class SharedMemorySettings(BaseModel):
         return v
 
 
+def _otel_env(name: str) -> str | None:
+    # OpenTelemetry's own variables (the SDK's specification), read here like every other
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    return os.environ.get(name) or None
+
+
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces per stage (observability/tracing.py), exported over OTLP/HTTP:
+    off unless ``otlp_endpoint`` is set (``--otlp-endpoint``, or OpenTelemetry's standard
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``; ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is taken as the
+    full traces URL; ``OTEL_SDK_DISABLED=true`` turns both off)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # the collector's base URL: spans go to <otlp_endpoint>/v1/traces (OTLP/HTTP, protobuf)
+    otlp_endpoint: str | None = Field(default_factory=lambda: _otel_env("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    traces_endpoint: str | None = Field(
+        default_factory=lambda: _otel_env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+    service_name: str = Field(default_factory=lambda: os.environ.get("OTEL_SERVICE_NAME") or "milliserve")
+    # how long one export may take before the batch is dropped (the SDK retries with backoff)
+    export_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("otlp_endpoint", "traces_endpoint")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"an OTLP/HTTP endpoint is an http:// or https:// URL, got {v!r}")
+        return v
+
+    def traces_url(self) -> str | None:
+        """Where spans are sent, or None when tracing is off."""
+        if self.traces_endpoint:
+            return self.traces_endpoint
+        if not self.otlp_endpoint:
+            return None
+        base = self.otlp_endpoint.rstrip("/")
+        return base if base.endswith("/v1/traces") else base + "/v1/traces"
+
+
 class Settings(BaseSettings):
     """Everything a server needs. Defaults are safe: loopback only, repository API off."""
 
@@ -243,6 +284,7 @@ class Settings(BaseSettings):
     # (Linux); "off": leave thread placement to the OS.
     cpu_affinity: Literal["auto", "off"] = "auto"
     edge: EdgeSettings = EdgeSettings()
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     # processes sharing the ports (`serve --workers N`), each with its own copy of the models;
     # a parent starts, watches, restarts and drains them
     workers: int = Field(1, ge=1, le=64)

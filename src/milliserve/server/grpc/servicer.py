@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from milliserve.config.model_config import config_to_proto
 from milliserve.errors import MalformedRequestError, MilliserveError, ModelNotReadyError
 from milliserve.observability.timing import finish_stages
+from milliserve.observability.tracing import TracedDataPlane
 from milliserve.protocol import grpc_codec
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.runtime.dataplane import DataPlane
@@ -83,6 +84,10 @@ class Servicer:
         self.auth = auth
         self.calls = calls
         self.shm = shm or SharedMemoryService(False)
+        if isinstance(dataplane, TracedDataPlane):  # a SERVER span per call, chosen once
+            self.ModelInfer = dataplane.tracing.grpc_unary(  # type: ignore[method-assign,assignment]
+                f"{SERVICE_NAME}/ModelInfer", self.ModelInfer
+            )
 
     async def ServerLive(self, req: Any, ctx: Any) -> Any:
         return pb.ServerLiveResponse(live=self.dp.live())
