@@ -3,7 +3,11 @@ client of issue 29 against a real server on the example repository, with well-be
 and gRPC clients calling fraud_mlp meanwhile. Writes the "attacks" section of
 docs/benchmarks.md.
 
-    python benchmarks/attack_suite.py [--out docs/benchmarks.md]
+    python benchmarks/attack_suite.py [--out docs/benchmarks.md] [--llm-only]
+
+The generation endpoints' attacks (``milliserve.bench.llm_attacks``, issue 24 item 6) run
+against a server of the smollm2 example, with a well-behaved streaming client on another
+address; their table is the "llm-attacks" section (``--llm-only`` runs just those).
 
 Run it alone (the stall figures are what the other client waited). The same catalogue
 is asserted by tests/e2e/test_attacks.py.
@@ -22,6 +26,7 @@ from server_overhead import cpu_description
 
 from milliserve.bench.attacks import ATTACKS, Target, run_attacks
 from milliserve.bench.h2_attacks import H2_ATTACKS
+from milliserve.bench.llm_attacks import LLM_ATTACKS, LlmTarget, run_llm_attacks
 from milliserve.examples.build import build_examples
 from milliserve.testing import ServerProcess
 
@@ -31,7 +36,11 @@ CATALOGUE = ATTACKS + H2_ATTACKS
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=DOC)
+    ap.add_argument("--llm-only", action="store_true", help="only the generation endpoints' attacks")
     args = ap.parse_args()
+    llm_section(args.out)
+    if args.llm_only:
+        return
     repo = Path(tempfile.mkdtemp(prefix="ms-attacks-")) / "repo"
     build_examples(repo)
     with ServerProcess(repo) as srv:
@@ -120,6 +129,51 @@ def main() -> None:
         "",
     ]
     write_section("attacks", "\n".join(lines), args.out)
+    print("\n".join(lines))
+
+
+def llm_section(out: Path) -> None:
+    """The generation endpoints' attacks: the smollm2 example as shipped (budget ttft_ms 1000,
+    8 sequences, max_queue 64), the attacker on 127.0.0.1, the good streaming client on
+    127.0.0.2."""
+    repo = Path(tempfile.mkdtemp(prefix="ms-llm-attacks-")) / "repo"
+    build_examples(repo, only=["smollm2"])
+    with ServerProcess(repo) as srv:
+        assert srv.proc is not None
+        target = LlmTarget("127.0.0.1", srv.http_port, srv.metrics_url, srv.proc.pid)
+        results = run_llm_attacks(target, LLM_ATTACKS, progress=lambda n: print("llm:", n, flush=True))
+        alive = srv.proc.poll() is None
+        tracebacks = srv.logs().count("Traceback")
+    lines = [
+        "## Attack suite: the generation endpoints (issue 24, item 6)",
+        "",
+        f"Numbers from `python benchmarks/attack_suite.py --llm-only` at commit `{commit()}`: one "
+        "`milliserve serve` of the smollm2 example as shipped (budget `ttft_ms` 1000, 8 sequences, "
+        "`max_queue` 64), the attacks of `milliserve.bench.llm_attacks` sent one after another from "
+        "127.0.0.1 while a well-behaved client on 127.0.0.2 asks for a streamed 4-token chat every "
+        "0.2 s. Its TTFT is what the attack cost others (goal: within 3 s); 'running after' is the "
+        "engine's running sequences once the attack is over (goal: 0).",
+        "",
+        f"- **Machine:** {cpu_description()}; Python {platform.python_version()}.",
+        "",
+        "| attack | attacker's answers | seconds | good client's requests | good TTFT worst ms | "
+        "good refused | running after | RSS growth MiB | as expected |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for attack, r in zip(LLM_ATTACKS, results, strict=True):
+        answers = ", ".join(f"{k} ×{v}" for k, v in sorted(r.statuses.items()))
+        refused = ", ".join(f"{k} ×{v}" for k, v in sorted(r.good_failures.items())) or "none"
+        lines.append(
+            f"| {attack.name} | {answers} | {r.seconds:.1f} | {len(r.good_ttfts)} | "
+            f"{r.good_worst_s * 1e3:.0f} | {refused} | {r.running_after:.0f} | "
+            f"{r.rss_growth / 2**20:.1f} | {'yes' if r.ok(attack) else '**no**'} |"
+        )
+    lines += [
+        "",
+        f"Server {'still serving' if alive else '**dead**'}, {tracebacks} tracebacks in its log.",
+        "",
+    ]
+    write_section("llm-attacks", "\n".join(lines), out)
     print("\n".join(lines))
 
 

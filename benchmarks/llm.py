@@ -19,6 +19,10 @@ Four parts, each written into its own section of docs/benchmarks.md:
   without its prefix cache, llama-server with its prompt cache.
 - ``llm-open-loop``: Poisson arrivals at 50/70/90% of llama-server's capacity, goodput
   against TTFT <= 500 ms and per-request ITL p99 <= 60 ms.
+- ``llm-structured`` and ``llm-priority`` (``--parts structured,priority``, not in the
+  default parts): what a JSON schema costs in tokens/s, and a ``priority: 1`` request's
+  TTFT under 8 background streams against an idle server (benchmarks/llm_features.py).
+  ``--quick`` runs them as a few seconds' check.
 
 llama_cpp.server is started with ``--interrupt_requests false``: its default cuts a
 running stream off when another request arrives, which would make its streams shorter,
@@ -43,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_features import priority_part, structured_part
 from peers.llama_server import LlamaServer
 from report_sections import commit, write_section
 
@@ -357,6 +362,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per closed-loop level")
     ap.add_argument("--sweep-seconds", type=float, default=8.0)
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama_cpp.server row")
+    ap.add_argument("--quick", action="store_true", help="structured/priority: a short check, no section")
     args = ap.parse_args()
     gguf = packaged_gguf()
     if gguf is None:
@@ -371,6 +377,13 @@ def main() -> None:
         f"servers and the client; Python {platform.python_version()}; milliserve at its defaults "
         f"(threads: the cores, one thread where that measures faster; 8 sequences)"
     )
+    if "structured" in parts:
+        rounds, secs = (1, 3.0) if args.quick else (args.rounds, args.duration)
+        text = structured_part(repo, rounds, secs, where)
+        print(text) if args.quick else write_section("llm-structured", text)
+    if "priority" in parts:
+        text = priority_part(write_repo, work, gguf, 5 if args.quick else 200, where)
+        print(text) if args.quick else write_section("llm-priority", text)
     if "peers" in parts:
         sweep_opts: list[tuple[int, int, tuple[str, ...]]] = [(t, n, ()) for t in (2, 1) for n in (8, 16)]
         peer, tried = sweep(gguf, sweep_opts, 8, lambda r: chats(len(CHATS), r), args.sweep_seconds)

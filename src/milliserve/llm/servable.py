@@ -326,6 +326,12 @@ class GenerativeServable:
                 f"context of {n_ctx} tokens",
                 "max_tokens",
             )
+        constraint = None
+        if params.schema is not None:  # compiled off the event loop (about a millisecond)
+            if self._executor is not None:
+                constraint = await self._executor.offload(self.model.compile_schema, params.schema)
+            else:
+                constraint = await asyncio.to_thread(self.model.compile_schema, params.schema)
         engine = self.engine
         level = self._level(params.priority)
         self._admissible(params.client)
@@ -347,12 +353,6 @@ class GenerativeServable:
 
         from milliserve.backends.llama_cpp import SamplerSpec
 
-        constraint = None
-        if params.schema is not None:  # compiled off the event loop (about a millisecond)
-            if self._executor is not None:
-                constraint = await self._executor.offload(self.model.compile_schema, params.schema)
-            else:
-                constraint = await asyncio.to_thread(self.model.compile_schema, params.schema)
         spec = SamplerSpec(
             temperature=params.temperature,
             top_p=params.top_p,
