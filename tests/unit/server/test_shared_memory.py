@@ -155,7 +155,9 @@ def test_inputs_and_outputs_of_a_request(shm: Callable[[int], SharedMemoryObject
     assert not got.flags.writeable  # a view of the client's memory, read only
     with pytest.raises(InvalidInputError, match="is 24 bytes, but shared_memory_byte_size is 20"):
         use.input("X", "FP32", (2, 3), {**params, "shared_memory_byte_size": 20})
-    with pytest.raises(InvalidInputError, match="'shared_memory_byte_size' must be"):
+    with pytest.raises(
+        InvalidInputError, match="'shared_memory_byte_size' and 'shared_memory_offset' must be non-negative"
+    ):
         use.input("X", "FP32", (2, 3), {"shared_memory_region": "io"})
     y = np.full((2, 3), 9.5, np.float32)
     request = InferRequest(

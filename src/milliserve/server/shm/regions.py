@@ -40,8 +40,14 @@ MAX_NAME = 256
 MAX_KEY = 255  # NAME_MAX, leading '/' included
 
 
+_LOOPBACK: dict[str, str] = {}  # peer addresses found to be loopback ones (checked per request)
+
+
 def check_peer(peer: str | None) -> str:
     """The client's address, or ForbiddenError when it is not a loopback one."""
+    known = _LOOPBACK.get(peer) if peer else None
+    if known is not None:
+        return known
     if peer:
         try:
             addr = ipaddress.ip_address(peer.split("%", 1)[0])
@@ -50,6 +56,8 @@ def check_peer(peer: str | None) -> str:
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
             addr = addr.ipv4_mapped
         if addr is not None and addr.is_loopback:
+            if len(_LOOPBACK) < 1024:
+                _LOOPBACK[peer] = str(addr)
             return str(addr)
     raise ForbiddenError(
         f"shared memory is only for clients on this machine (loopback); {shown(peer or 'unknown')} is not"

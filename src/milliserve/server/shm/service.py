@@ -30,14 +30,14 @@ def _where(what: str, params: Parameters) -> tuple[str, int, int]:
     region = params.get("shared_memory_region")
     size = params.get("shared_memory_byte_size")
     offset = params.get("shared_memory_offset", 0)
-    if not isinstance(region, str) or not region:
+    if type(region) is not str or not region:
         raise InvalidInputError(f"{what}: 'shared_memory_region' must name a registered region")
-    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise InvalidInputError(
-                f"{what}: {key!r} must be a non-negative integer with 'shared_memory_region', got {value!r}"
-            )
-    assert isinstance(size, int) and isinstance(offset, int)
+    # type() is: a bool is an int to isinstance, and neither true nor false is a size
+    if type(size) is not int or type(offset) is not int or size < 0 or offset < 0:
+        raise InvalidInputError(
+            f"{what}: 'shared_memory_byte_size' and 'shared_memory_offset' must be non-negative "
+            f"integers with 'shared_memory_region', got {size!r} and {offset!r}"
+        )
     return region, offset, size
 
 
