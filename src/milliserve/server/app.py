@@ -25,6 +25,7 @@ from milliserve.config.settings import Settings
 from milliserve.errors import ConfigError
 from milliserve.observability.grpc_metrics import GrpcListenerCollector
 from milliserve.observability.metrics import Metrics
+from milliserve.observability.tracing import TracedDataPlane, Tracing
 from milliserve.repository.poll import RepositoryPoller
 from milliserve.repository.registry import ModelRegistry
 from milliserve.repository.repository import Repository
@@ -83,8 +84,19 @@ class Server:
         self.metrics = Metrics(
             self.prometheus_registry, lambda: (rt.stats for rt in self.registry.all_ready())
         )
-        self.dataplane = DataPlane(
-            self.registry, settings.model_control_mode == "explicit", settings.strict_readiness
+        # OpenTelemetry traces (off unless an OTLP endpoint is set): the data plane that
+        # records spans, the HTTP app and gRPC's ModelInfer wrapped; nothing otherwise
+        traces = settings.tracing.traces_url()
+        self.tracing = (
+            Tracing(traces, settings.tracing.service_name, settings.tracing.export_timeout_s)
+            if traces
+            else None
+        )
+        control = settings.model_control_mode == "explicit"
+        self.dataplane = (
+            DataPlane(self.registry, control, settings.strict_readiness)
+            if self.tracing is None
+            else TracedDataPlane(self.tracing, self.registry, control, settings.strict_readiness)
         )
         a = settings.auth
         self.auth = Auth(a.token.get_secret_value() if a.token else None, a.protect_health, a.protect_metrics)
@@ -151,6 +163,8 @@ class Server:
             timeout_graceful_shutdown=int(graceful_s) or None,
             server_header=False,
             date_header=False,
+            # the client is the socket's peer: X-Forwarded-For from loopback is not trusted
+            proxy_headers=False,
             headers=[limits.keep_alive_header],
         )
         return _Uvicorn(config)
@@ -255,9 +269,8 @@ class Server:
             if not w.accept_early:  # join the shared ports only once warm
                 await self._load()
         if http_sock is not None:
-            await self._start_uvicorn(
-                self._uvicorn(self.http_app(), limits, s.shutdown_grace_s), http_sock, "http"
-            )
+            app: Any = self.http_app() if self.tracing is None else self.tracing.http(self.http_app())
+            await self._start_uvicorn(self._uvicorn(app, limits, s.shutdown_grace_s), http_sock, "http")
         if isinstance(self._grpc, NativeGrpcServer):
             assert self._grpc_sock is not None
             await self._grpc.start(self._grpc_sock)
@@ -327,6 +340,8 @@ class Server:
         await self.registry.close()
         self.shared_memory.close()
         await self.caches.close()
+        if self.tracing is not None:  # export the spans still pending (blocking: off the loop)
+            await self.executor.offload(self.tracing.shutdown)
         self.executor.shutdown()
         self.executor.unpin_event_loop()
         log.info("stopped")

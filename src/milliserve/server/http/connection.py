@@ -1,16 +1,21 @@
-"""One HTTP/1.1 connection with limits: uvicorn's httptools protocol plus a cap on the
-request head, deadlines for the head, the body and idle keep-alive, and a cap on open
-connections (issue 10: one 200 MiB header held the loop for 109 s; 20,000 silent
-connections ran the process out of file descriptors).
+"""One HTTP/1.1 connection, purpose-built: httptools parses, this protocol keeps the
+limits, and each request is handed to the ASGI application with a ``Cycle`` that writes
+its response in one piece (``server/http/cycle.py``).
 
-The hot path stays as uvicorn's: one ``len()`` per received chunk and a few attribute
-stores per request. Deadlines are not timers per request (``call_later`` costs ~1.7 µs
-on uvloop): each connection keeps one deadline and one timer that fires at most every
-``tick_s``, moves itself to the deadline when it has moved, and acts only when it has
-passed. This also replaces uvicorn's keep-alive timer, which was armed and cancelled
-on every request.
+Why not uvicorn's protocol (which this one replaced, keeping its server loop): a tiny
+model's whole request costs less than uvicorn's per-request work around it: an
+``asyncio.Event``, a header regex per header, two writes per response (the head, then the
+body: two syscalls and two wake-ups of the client), the proxy-headers middleware. The
+measurements are in docs/benchmarks.md ("server-overhead").
 
-An error answer (431, 408) is followed by a half-close and a short linger that reads
+The limits (issue 10: one 200 MiB header held the loop for 109 s; 20,000 silent
+connections ran the process out of file descriptors): a cap on the request head,
+deadlines for the head, the body and idle keep-alive, and a cap on open connections.
+Deadlines are not timers per request (``call_later`` costs ~1.7 µs on uvloop): each
+connection keeps one deadline and one timer that fires at most every ``tick_s``, moves
+itself to the deadline when it has moved, and acts only when it has passed.
+
+An error answer (400, 431, 408) is followed by a half-close and a short linger that reads
 and drops what the client still sends, so that the close does not reset the connection
 before the client has read the answer (RFC 9112, section 9.6).
 """
@@ -18,21 +23,23 @@ before the client has read the answer (RFC 9112, section 9.6).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import urllib.parse
+from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httptools
-from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from milliserve.protocol.json_codec import encode_json
 from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE
+from milliserve.server.http.cycle import Cycle
 
-__all__ = ["ConnectionLimits", "LimitedHttpToolsProtocol", "protocol_class"]
+__all__ = ["ConnectionLimits", "HttpProtocol", "protocol_class"]
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +47,20 @@ log = logging.getLogger(__name__)
 LINGER_S = 2.0
 # a refused connection is logged at most this often per listener
 _REFUSED_LOG_EVERY_S = 10.0
+# body bytes held for an application that has not read them yet, before reading pauses
+_HIGH_WATER = 65536
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+_METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
 
 # what a connection is waiting for; the deadline belongs to it
 _IDLE = 0  # a request to begin (just connected, or keep-alive after a response)
 _HEAD = 1  # the rest of the request line and headers
 _BODY = 2  # the rest of the body
 _BUSY = 3  # nothing: the request is complete and the application answers it (no deadline)
+
+
+def _address(addr: Any) -> tuple[str, int] | None:
+    return (str(addr[0]), int(addr[1])) if isinstance(addr, tuple) and len(addr) >= 2 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +114,7 @@ class _Listener:
             "Request Timeout",
             f"request body not complete within {limits.body_timeout_s:g} s (body_timeout_s)",
         )
+        self.invalid = _answer(400, "Bad Request", "invalid HTTP request")
         self.busy = _answer(
             503,
             "Service Unavailable",
@@ -106,10 +122,28 @@ class _Listener:
         )
         self.refused = 0
         self.refused_logged_at = -math.inf
+        self._heads: tuple[bytes, bytes] | None = None
+
+    def heads(self, default_headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+        """The header lines every response carries: on a connection kept alive, and on
+        one that closes after it (without the keep-alive header)."""
+        if self._heads is None:
+            lines = b"".join(name + b": " + value + b"\r\n" for name, value in default_headers)
+            closing = b"".join(
+                name + b": " + value + b"\r\n" for name, value in default_headers if name != b"keep-alive"
+            )
+            self._heads = (lines, closing + b"connection: close\r\n")
+        return self._heads
 
 
-class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the limits of ``listener`` (see ``protocol_class``)."""
+class HttpProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection with the limits of ``listener`` (see ``protocol_class``).
+
+    Built for uvicorn's server loop (``uvicorn.Config(http=...)``: its constructor, its
+    ``server_state`` of connections and tasks, ``shutdown()`` for the graceful stop), but
+    not on its protocol: requests are parsed by httptools into ASGI scopes here, and each
+    one's response is written by a ``Cycle`` (``server/http/cycle.py``).
+    """
 
     listener: _Listener
 
@@ -120,120 +154,238 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        limits = self.listener.limits
+        if not config.loaded:
+            config.load()
+        self.app = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.server_state = server_state
+        self.connections: set[Any] = server_state.connections
+        self.tasks: set[asyncio.Task[None]] = server_state.tasks
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):  # httptools < 0.6.3
+            # answer the first of pipelined requests that arrive with a close
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        listener = self.listener
+        self.default_head, self.close_head = listener.heads(server_state.default_headers)
+        limits = listener.limits
         self._max_head = limits.max_header_bytes
         self._header_timeout = limits.header_timeout_s
         self._body_timeout = limits.body_timeout_s
         self._keep_alive = limits.keep_alive_s
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.server: tuple[str, int] | None = None
+        self.client: tuple[str, int] | None = None
+        # the request being parsed, the one being answered, and those parsed in between
+        self.cycle: Cycle | None = None
+        self._running: tuple[Cycle, asyncio.Task[None]] | None = None
+        self._pipeline: deque[Cycle] = deque()
+        self.read_paused = False
+        self.write_paused = False
+        self._writable: asyncio.Future[None] | None = None
+        # per request, while parsing
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._expect_continue = False
         self._phase = _IDLE
         self._head_bytes = 0
         self._deadline = math.inf
         self._timer: asyncio.TimerHandle | None = None
-        self._inflight: tuple[RequestResponseCycle, asyncio.Task[None]] | None = None
 
-    # connection
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    # ---- connection ----
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods
+        self.transport = transport = cast(asyncio.Transport, transport)
         listener = self.listener
         if len(self.connections) >= listener.limits.max_connections:
-            self.transport = transport  # for connection_lost
             transport.write(listener.busy)
             transport.close()
             self._log_refused(listener)
             return
-        super().connection_made(transport)
+        self.connections.add(self)
+        self.server = _address(transport.get_extra_info("sockname"))
+        self.client = _address(transport.get_extra_info("peername"))
         self._deadline = self.loop.time() + self._header_timeout
         self._timer = self.loop.call_later(listener.tick_s, self._on_timer)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        inflight = self._inflight
-        super().connection_lost(exc)
-        if inflight is not None:
-            # nobody will read the answer: a route that asked for it stops computing it
-            cycle, task = inflight
-            if not cycle.response_complete and not task.done() and cycle.scope.get(CANCEL_ON_DISCONNECT):
-                task.cancel(CLIENT_GONE)
+        for cycle in (self.cycle, *self._pipeline):
+            if cycle is not None and not cycle.complete:
+                cycle.disconnected = True
+                cycle.wake()
+        running = self._running
+        if running is not None:
+            cycle, task = running
+            if not cycle.complete:
+                cycle.disconnected = True
+                cycle.wake()
+                if not task.done() and cycle.scope.get(CANCEL_ON_DISCONNECT):
+                    # nobody will read the answer: a route that asked for it stops computing it
+                    task.cancel(CLIENT_GONE)
+        self.resume_writing()
+        if exc is None:
+            self.transport.close()
 
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-        # as uvicorn's (without its reset_contextvars option, which milliserve does not set),
-        # keeping the task of the request in flight
-        task = self.loop.create_task(cycle.run_asgi(app))
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
-        self._inflight = (cycle, task)
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes; a request in flight sees the disconnect
 
     def data_received(self, data: bytes) -> None:
-        # as uvicorn's, with the head counted and without its keep-alive timer
         if self._phase != _BODY:
             self._head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
-            return
+            pass  # no upgrades here (WebSocket, h2c): the request was answered as a plain one
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, _HeadTooLarge):
                 self._refuse(self.listener.too_large)
                 return
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
+            log.debug("invalid HTTP request from %s: %s", self.client, exc)
+            self._refuse(self.listener.invalid)
             return
         if self._phase != _BODY and self._head_bytes > self._max_head:
             self._refuse(self.listener.too_large)
 
-    # parser callbacks
+    # ---- flow control ----
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
 
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        writable = self._writable
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+        self._writable = None
+
+    async def drain(self) -> None:
+        """Until the transport's write buffer is under its low mark again (or the client left)."""
+        if self._writable is None:
+            self._writable = self.loop.create_future()
+        await self._writable
+
+    # ---- parser callbacks ----
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        self._url = b""
+        self._headers = []
+        self._expect_continue = False
         self._phase = _HEAD
         self._deadline = self.loop.time() + self._header_timeout
         if self._timer is None:
             self._timer = self.loop.call_later(self.listener.tick_s, self._on_timer)
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self._expect_continue = True
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         # the bytes counted include what followed the head in the same chunk: measure
         # the head itself only when the count says it might be over
         if self._head_bytes > self._max_head and self._head_size() > self._max_head:
             raise _HeadTooLarge
-        super().on_headers_complete()
+        parser = self.parser
+        version = parser.get_http_version()
+        url = httptools.parse_url(self._url)
+        raw_path: bytes = url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope = {
+            "type": "http",
+            "asgi": _ASGI,
+            "http_version": version,
+            "server": self.server,
+            "client": self.client,
+            "scheme": "http",
+            "method": _METHODS.get(method := parser.get_method()) or method.decode("ascii"),
+            "root_path": "",
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": url.query or b"",
+            "headers": self._headers,
+        }
+        keep_alive = version != "1.0" and parser.should_keep_alive()
+        cycle = Cycle(self, scope, keep_alive, self._expect_continue)
         self._phase = _BODY
         self._deadline = self.loop.time() + self._body_timeout
+        previous = self.cycle
+        self.cycle = cycle
+        if previous is None or previous.complete:
+            self._start(cycle)
+        else:  # pipelined: answered in order, after the one before it
+            self.pause_reading()
+            self._pipeline.appendleft(cycle)
+
+    def on_body(self, body: bytes) -> None:
         cycle = self.cycle
-        if not cycle.keep_alive:
-            cycle.default_headers = [h for h in cycle.default_headers if h[0] != b"keep-alive"]
+        if cycle is None or cycle.complete:
+            return  # answered already (a 413 before the body): dropped
+        cycle.add_body(body)
+        if cycle.size > _HIGH_WATER:
+            self.pause_reading()
+        cycle.wake()
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
         self._head_bytes = 0
-        if self.cycle.response_complete:
+        cycle = self.cycle
+        if cycle is None:
+            return
+        cycle.more_body = False
+        cycle.wake()
+        if cycle.complete:
             # answered before the body was read (a 413, say): the connection is idle now
             self._set_idle()
         else:
             self._phase = _BUSY
             self._deadline = math.inf
 
-    def on_response_complete(self) -> None:
-        # as uvicorn's, with the keep-alive deadline instead of a timer per request
+    # ---- requests ----
+    def _start(self, cycle: Cycle) -> None:
+        task = self.loop.create_task(cycle.run(self.app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+        self._running = (cycle, task)
+
+    def on_response_complete(self, cycle: Cycle) -> None:
+        """Called by ``cycle`` when its response is out."""
         self.server_state.total_requests += 1
+        running = self._running
+        if running is not None and running[0] is cycle:
+            self._running = None
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
-        if self.pipeline:
-            cycle, app = self.pipeline.pop()
-            self._start_asgi_task(cycle, app)
+        self.resume_reading()
+        if self._pipeline:
+            self._start(self._pipeline.pop())
         elif self._phase == _BUSY:
             self._set_idle()
 
-    # limits
+    def shutdown(self) -> None:
+        """Called by uvicorn when the server stops: close when idle, else after the answer."""
+        running = self._running
+        if running is None or running[0].complete:
+            self.transport.close()
+        else:
+            running[0].keep_alive = False
 
+    # ---- limits ----
     def _set_idle(self) -> None:
         self._phase = _IDLE
         self._deadline = self.loop.time() + self._keep_alive
@@ -242,7 +394,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_size(self) -> int:
         # the request line and header lines as sent, give or take optional whitespace
-        return len(self.url) + 16 + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        return len(self._url) + 16 + sum(len(name) + len(value) + 4 for name, value in self._headers)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -257,7 +409,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
         elif self._phase == _HEAD:
             self._refuse(self.listener.head_timeout)
-        elif self.flow.read_paused:
+        elif self.read_paused:
             # reading stopped on our side (the application has not taken the body yet, or
             # a pipelined request waits): not the client's delay
             self._deadline = now + self._body_timeout
@@ -268,21 +420,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, answer: bytes) -> None:
         """Answer ``answer`` and close, unless a response is already under way (then just close)."""
         cycle = self.cycle
-        if self._phase == _BODY:
+        if self._phase == _BODY and cycle is not None:
             # the request being read is ``cycle``'s, and its application waits for the body
-            if cycle.response_started:
+            if cycle.started:
                 self.transport.close()
                 return
             cycle.disconnected = True
-            cycle.message_event.set()
-        elif cycle is not None and not cycle.response_complete:
+            cycle.wake()
+        elif cycle is not None and not cycle.complete:
             self.transport.close()  # the previous request is still being answered
             return
         transport = self.transport
         transport.write(answer)
         if transport.can_write_eof():
             transport.write_eof()
-        self.flow.resume_reading()
+        self.resume_reading()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -330,11 +482,11 @@ class _Lingering(asyncio.Protocol):
         self.transport.close()
 
 
-def protocol_class(limits: ConnectionLimits) -> type[LimitedHttpToolsProtocol]:
+def protocol_class(limits: ConnectionLimits) -> type[HttpProtocol]:
     """The protocol class for one listener (``uvicorn.Config(http=...)``); its connections
     share ``limits`` and the count of open connections."""
 
-    class ListenerProtocol(LimitedHttpToolsProtocol):
+    class ListenerProtocol(HttpProtocol):
         listener = _Listener(limits)
 
     return ListenerProtocol
