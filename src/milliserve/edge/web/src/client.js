@@ -16,7 +16,7 @@ import { Tokenizer } from "@huggingface/tokenizers";
 import { measure, planProviders, providerLabel, quantile } from "./providers.js";
 
 // the WASM runtime every page has; a page on WebGPU runs its models on `client.ort`
-export { ort };
+export { ort, providerLabel };
 
 const STATES = ["loading", "ready", "off"];
 
@@ -189,19 +189,14 @@ export class EdgeClient {
     // every plan but a forced WebGPU one (which may find no adapter) runs the model file:
     // its download need not wait for the adapter
     if (provider !== "webgpu") this._model(m.model).catch(() => {});
-    let plan = await planProviders(m, provider, this.base);
-    let { best, session, measured } = await this._choose(plan, tokenizer, start);
-    if (!session && plan.runtime !== "wasm" && provider === "auto") {
-      // the WebGPU runtime itself failed (it runs both providers): the plain WASM one, saying why
-      const why = `the ${plan.runtime} runtime failed (${measured.map((r) => r.error).join("; ")})`;
-      plan = await planProviders(m, "wasm", this.base);
-      plan.skipped = [{ provider: "webgpu", why }];
-      ({ best, session, measured } = await this._choose(plan, tokenizer, start));
-    }
+    const plan = await planProviders(m, provider, this.base);
+    const { best, session, measured, rt } = await this._choose(plan, tokenizer, start);
     this.timings.ready_ms = now() - start;
     this.providers = { runtime: plan.runtime, adapter: plan.adapter, measured, skipped: plan.skipped };
     if (!session) throw new Error(measured.map((r) => `${providerLabel(r)}: ${r.error}`).join("; "));
     this.session = session;
+    this.ort = rt;
+    this.threads = rt.env.wasm.numThreads;
     this.provider = best.provider;
     this.precision = best.precision;
     this.warmupTimes = best.runs;
@@ -220,16 +215,23 @@ export class EdgeClient {
     return this.state;
   }
 
-  // The plan's candidates, each created and timed on the warm-up input; the fastest by
-  // median is kept, the others released.
-  async _choose(plan, tokenizer, start) {
+  // ORT's settings, once per runtime (the WASM one, or the WebGPU flavour's)
+  _configure(rt) {
     const m = this.manifest;
-    const rt = plan.ort;
     rt.env.wasm.wasmPaths = new URL(m.edge.wasm_path, this.base).href;
     rt.env.wasm.proxy = false; // the proxy worker would load this bundle and find no backend
     const threads = Math.floor(Number(this.options.threads ?? m.edge.threads ?? 0));
     if (threads > 0) rt.env.wasm.numThreads = threads;
     else if (!globalThis.crossOriginIsolated) rt.env.wasm.numThreads = 1;
+    return rt;
+  }
+
+  // The plan's candidates, each created and timed on the warm-up input; the fastest by
+  // median is kept, the others released. A WASM candidate that fails on the WebGPU
+  // flavour's runtime (its download failed, or it lacks a CPU kernel the plain build has) is
+  // tried again on the plain WASM runtime.
+  async _choose(plan, tokenizer, start) {
+    const m = this.manifest;
     const bytes = new Map();
     for (const c of plan.candidates) bytes.set(c.model.file, this._model(c.model));
     for (const [file, pending] of bytes) {
@@ -242,32 +244,37 @@ export class EdgeClient {
     const tokenizerJson = await tokenizer;
     if (tokenizerJson && !this.encoder) this.encoder = new TextEncoderStep(tokenizerJson, m.tokenizer);
     this.timings.download_ms = now() - start;
-    this.ort = rt;
-    this.threads = rt.env.wasm.numThreads;
     const runs = Math.max(1, Number(this.options.warmupRuns ?? m.edge.warmup_runs ?? 8));
-    const runOnce = (session) => this._runEdge(m.edge.warmup_input, session);
     const measured = [];
-    let best = null;
-    let session = null;
-    for (const candidate of plan.candidates) {
+    let [best, session, bestRt] = [null, null, null];
+    const attempts = plan.candidates.map((candidate) => [candidate, plan.ort]);
+    while (attempts.length) {
+      const [candidate, rt] = attempts.shift();
       const model = bytes.get(candidate.model.file);
       if (model instanceof Error) {
         measured.push({ provider: candidate.provider, precision: candidate.precision, runs: [], error: model.message });
         continue;
       }
-      const tried = await measure(rt, candidate, model, runOnce, runs, best, this.options.ortLog);
+      const runOnce = (s) => this._runEdge(m.edge.warmup_input, s, rt);
+      const tried = await measure(this._configure(rt), candidate, model, runOnce, runs, best, this.options.ortLog);
       measured.push(tried.result);
-      if (!tried.session) continue;
+      if (!tried.session) {
+        if (candidate.provider === "wasm" && rt !== ort) {
+          tried.result.runtime = plan.runtime;
+          attempts.unshift([candidate, ort]);
+        }
+        continue;
+      }
       if (best && !(tried.result.p50 < best.p50)) {
         await tried.session.release();
         continue;
       }
       if (session) await session.release();
-      [best, session] = [tried.result, tried.session];
+      [best, session, bestRt] = [tried.result, tried.session, rt];
     }
     this.timings.session_ms = measured.reduce((a, r) => a + (r.session_ms || 0), 0);
     this.timings.warmup_ms = measured.reduce((a, r) => a + r.runs.reduce((x, y) => x + y, 0), 0);
-    return { best, session, measured };
+    return { best, session, measured, rt: bestRt };
   }
 
   // why the chosen provider answers: the measurement, or why the others could not run
@@ -319,8 +326,9 @@ export class EdgeClient {
     return buf;
   }
 
-  // feeds for one request, or { over } when the edge model should not take it
-  _feeds(input) {
+  // feeds for one request (tensors of the runtime `rt`), or { over } when the edge model
+  // should not take it
+  _feeds(input, rt = this.ort) {
     const m = this.manifest;
     const feeds = {};
     if (m.tokenizer) {
@@ -329,14 +337,14 @@ export class EdgeClient {
       if (enc.over) return enc;
       const ids = m.inputs.find((i) => i.name === m.tokenizer.ids);
       const batched = m.model.batched;
-      feeds[ids.name] = tensorFor(this.ort, ids, enc.ids, batched);
+      feeds[ids.name] = tensorFor(rt, ids, enc.ids, batched);
       if (m.tokenizer.mask) {
         const mask = m.inputs.find((i) => i.name === m.tokenizer.mask);
-        feeds[mask.name] = tensorFor(this.ort, mask, enc.ids.map(() => 1), batched);
+        feeds[mask.name] = tensorFor(rt, mask, enc.ids.map(() => 1), batched);
       }
       if (m.tokenizer.type_ids) {
         const types = m.inputs.find((i) => i.name === m.tokenizer.type_ids);
-        feeds[types.name] = tensorFor(this.ort, types, enc.ids.map(() => 0), batched);
+        feeds[types.name] = tensorFor(rt, types, enc.ids.map(() => 0), batched);
       }
       return { feeds, tokens: enc.tokens };
     }
@@ -348,7 +356,7 @@ export class EdgeClient {
       if (values.length === 0 || values.length % fixed !== 0 || (spec.dims.every((d) => d >= 0) && values.length !== fixed)) {
         return { over: `input ${spec.server_name} has ${values.length} values, the model takes [${spec.dims}]` };
       }
-      feeds[spec.name] = tensorFor(this.ort, spec, values, m.model.batched);
+      feeds[spec.name] = tensorFor(rt, spec, values, m.model.batched);
     }
     return { feeds };
   }
@@ -362,8 +370,8 @@ export class EdgeClient {
     return input && typeof input === "object" ? input : {};
   }
 
-  async _runEdge(input, session = this.session) {
-    const prepared = this._feeds(input);
+  async _runEdge(input, session = this.session, rt = this.ort) {
+    const prepared = this._feeds(input, rt);
     if (prepared.over) throw new Error(prepared.over);
     return this._run(prepared.feeds, session);
   }

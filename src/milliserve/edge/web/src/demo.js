@@ -1,7 +1,7 @@
 // The demo page: a text box, the answer, where it came from, and a live latency chart.
 // Query parameters: budget_ms, threads, provider (auto, wasm, webgpu), warmup_runs,
 // ort_log=1 (ORT logs its node placements to the console), edge=0 (always the server).
-import { EdgeClient } from "./milliserve-edge.js";
+import { EdgeClient, providerLabel } from "./milliserve-edge.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -101,7 +101,7 @@ function showProviders(p) {
   $("provider").textContent = p.chosen || "none";
   $("adapter").textContent = p.adapter ? `${p.adapter.name}${p.adapter.f16 ? ", shader-f16" : ""}` : "none";
   const rows = p.measured.map((r) => {
-    const name = r.precision === "fp16" && r.provider === "webgpu" ? "webgpu (fp16)" : r.provider;
+    const name = providerLabel(r);
     if (r.error) return `${name}: failed (${r.error})`;
     const p50 = r.p50.toFixed(2), p90 = r.p90.toFixed(2);
     return `${name}: session ${r.session_ms.toFixed(0)} ms, warm-up p50 ${p50} / p90 ${p90} ms${r.stopped ? ` (${r.stopped})` : ""}`;

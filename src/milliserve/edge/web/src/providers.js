@@ -148,6 +148,9 @@ export async function measure(ort, candidate, bytes, runOnce, runs, best, log) {
   }
 }
 
+// "wasm", "webgpu", "webgpu (fp16)", or "wasm (jspi runtime)" for a WASM run on the WebGPU
+// flavour's runtime where the plain one ran too
 export function providerLabel(c) {
-  return c.precision === "fp16" && c.provider === "webgpu" ? "webgpu (fp16)" : c.provider;
+  if (c.provider === "webgpu") return c.precision === "fp16" ? "webgpu (fp16)" : "webgpu";
+  return c.runtime ? `${c.provider} (${c.runtime} runtime)` : c.provider;
 }
