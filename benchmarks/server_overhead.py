@@ -94,7 +94,7 @@ def wrk(target: Target, connections: int, seconds: int, workdir: Path) -> WrkRes
         text=True,
         check=True,
     ).stdout
-    dist = dict(re.findall(r"^\s+(50|90|99)%\s+(\S+)$", out, re.M))
+    dist = dict(re.findall(r"^\s+(50|90|99)%\s+(\S+)\s*$", out, re.M))
     if "Non-2xx" in out or "Socket errors" in out:
         raise RuntimeError(f"{target.name}: errors during the run:\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
