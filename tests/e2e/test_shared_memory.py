@@ -5,6 +5,7 @@ a server without the extension refusing it."""
 
 from __future__ import annotations
 
+import queue
 import struct
 import threading
 import uuid
@@ -121,6 +122,37 @@ def test_inputs_and_outputs_travel_through_shared_memory(
         c.unregister_system_shared_memory(f"in_{tag}")
         c.unregister_system_shared_memory(f"out_{tag}")
     assert f"in_{tag}" not in str(c.get_system_shared_memory_status())
+
+
+def test_stream_requests_in_shared_memory(
+    server: ServerProcess, shm: Callable[[int], SharedMemoryObject]
+) -> None:
+    """ModelStreamInfer: each request reads its inputs from, and writes its output into, its
+    own window of one region."""
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    obj = shm(4 * 192)
+    for i in range(4):
+        obj.write(a.tobytes() + np.full((1, 16), i, np.int32).tobytes(), i * 192)
+    results: queue.Queue[Any] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        c.register_system_shared_memory("stream", obj.key, 4 * 192)
+        try:
+            c.start_stream(callback=lambda result, error: results.put(error or result))
+            for i in range(4):
+                ins = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+                ins[0].set_shared_memory("stream", 64, offset=i * 192)
+                ins[1].set_shared_memory("stream", 64, offset=i * 192 + 64)
+                out = grpcclient.InferRequestedOutput("OUTPUT1")
+                out.set_shared_memory("stream", 64, offset=i * 192 + 128)
+                c.async_stream_infer("simple", ins, outputs=[out], request_id=str(i))
+            for _ in range(4):
+                item = results.get(timeout=60)
+                assert not isinstance(item, InferenceServerException), item
+            c.stop_stream()
+        finally:
+            c.unregister_system_shared_memory("stream")
+    for i in range(4):
+        np.testing.assert_array_equal(np.frombuffer(obj.read(64, i * 192 + 128), np.int32), (a - i)[0])
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

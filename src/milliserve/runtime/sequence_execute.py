@@ -146,11 +146,6 @@ class SequenceExecute:
         stats.pending = self.scheduler.pending
         stats.queued = lambda: self.scheduler.waiting
 
-    def implicit_feeds(self) -> Arrays:
-        """Control and state inputs of a one-row batch (for warmup and probes)."""
-        row: list[Any] = [None]
-        return self._implicit(row, 1, [0], starts=[True], ends=[False], ready=[True])
-
     async def start(
         self, workers: list[InstanceWorker], compute_s: float | None, work: int, threads: int
     ) -> None:
@@ -158,9 +153,6 @@ class SequenceExecute:
         if self._inline_mode == "auto" and compute_s is not None and threads == 1:
             self.inline = compute_s < self._inline_below_s
         await self.scheduler.start()
-
-    def reprobe(self) -> None:  # the estimator is not used for stateful models
-        return None
 
     async def close(self) -> None:
         await self.scheduler.close()
@@ -208,9 +200,9 @@ class SequenceExecute:
         return [InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted]
 
     # ---- batches ----
-    def _state(self, seq: Sequence | None, start: bool, name: str) -> np.ndarray[Any, Any]:
+    def _state(self, seq: Sequence, start: bool, name: str) -> np.ndarray[Any, Any]:
         """The state input a request of ``seq`` gets: the sequence's, or the initial one."""
-        if seq is not None and not start:
+        if not start:
             held = seq.state.get(name)
             if held is not None:
                 return held
@@ -224,15 +216,14 @@ class SequenceExecute:
 
     def _implicit(
         self,
-        seqs: list[Any],
+        seqs: list[Sequence],
         width: int,
         rows: list[int],
         starts: list[bool],
         ends: list[bool],
         ready: list[bool],
     ) -> Arrays:
-        """Control and state inputs for ``width`` rows; ``rows[i]`` is the row of
-        ``seqs[i]`` (a Sequence, or None for a probe)."""
+        """Control and state inputs for ``width`` rows; ``rows[i]`` is the row of ``seqs[i]``."""
         feeds: Arrays = {}
         shape = (width, 1) if self.batching else (1,)
         for c in self.controls:
@@ -240,8 +231,7 @@ class SequenceExecute:
                 dtype: Any = object if c.datatype == BYTES else oip_to_numpy(c.datatype)
                 arr = np.full(shape, b"" if c.datatype == BYTES else 0, dtype=dtype)
                 for seq, r in zip(seqs, rows, strict=True):
-                    corr = seq.corr if seq is not None else 0
-                    arr.reshape(-1)[r] = str(corr).encode() if c.datatype == BYTES else corr
+                    arr.reshape(-1)[r] = str(seq.corr).encode() if c.datatype == BYTES else seq.corr
             else:
                 dtype = oip_to_numpy(c.datatype)
                 arr = np.full(shape, c.false, dtype=dtype)

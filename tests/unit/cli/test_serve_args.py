@@ -63,3 +63,16 @@ def test_a_usage_error_exits_2_with_one_line(tmp_path: Path, capsys: pytest.Capt
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("milliserve serve: error: --http-port") and "Traceback" not in err
+
+
+def test_triton_extension_flags(tmp_path: Path) -> None:
+    s: object = settings(
+        str(tmp_path), "--model-control-mode", "poll", "--repository-poll-secs", "2.5",
+        "--shared-memory", "system", "--shared-memory-key-prefix", "/app_",
+    )  # fmt: skip
+    assert s.model_control_mode == "poll" and s.repository_poll_s == 2.5  # type: ignore[attr-defined]
+    assert s.shared_memory.mode == "system" and s.shared_memory.key_prefix == "/app_"  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match=r"--shared-memory-key-prefix: .*not the start of a POSIX"):
+        settings(str(tmp_path), "--shared-memory-key-prefix", "app/")
+    with pytest.raises(UsageError, match="--repository-poll-secs"):
+        settings(str(tmp_path), "--repository-poll-secs", "0")
