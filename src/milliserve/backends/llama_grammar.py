@@ -23,6 +23,7 @@ import ctypes
 import json
 import logging
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -113,7 +114,9 @@ class GrammarCompiler:
                 _llguidance()
                 from llguidance.llamacpp import lltokenizer_from_vocab
 
-                self._tokenizer = lltokenizer_from_vocab(self._vocab, eos_token=self._eos or None)
+                with warnings.catch_warnings():  # it calls llama_token_get_attr, deprecated
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    self._tokenizer = lltokenizer_from_vocab(self._vocab, eos_token=self._eos or None)
             return self._tokenizer
 
     @staticmethod
