@@ -77,7 +77,7 @@ class SharedMemoryUse:
                 f"{what}: shape {list(shape)} of {datatype} is {count * dtype.itemsize} bytes, but "
                 f"shared_memory_byte_size is {len(buf)}"
             )
-        arr = np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+        arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
         arr.flags.writeable = False
         return arr
 
@@ -99,15 +99,16 @@ class SharedMemoryUse:
             if buf is None:
                 continue
             if out.datatype == BYTES:
-                raw: Any = np.frombuffer(array_to_raw(BYTES, out.data), np.uint8)
-            else:
-                raw = np.ascontiguousarray(out.data).reshape(-1).view(np.uint8)
-            if raw.size > len(buf):
+                raw: Any = memoryview(array_to_raw(BYTES, out.data))
+            else:  # the array's own bytes, copied once, straight into the region
+                raw = memoryview(np.ascontiguousarray(out.data).reshape(-1).view(np.uint8))
+            size = raw.nbytes
+            if size > len(buf):
                 raise InvalidInputError(
                     f"shared memory size specified with the request for output {out.name!r} "
-                    f"({len(buf)} bytes) should be at least {raw.size} bytes to hold the results"
+                    f"({len(buf)} bytes) should be at least {size} bytes to hold the results"
                 )
-            np.frombuffer(buf, np.uint8, raw.size)[:] = raw
+            buf[:size] = raw
             written.add(out.name)
         return frozenset(written)
 
