@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 # after an error answer, what the client still sends is read and dropped for at most this long
 LINGER_S = 2.0
+# when the server stops, an idle keep-alive connection is closed after this much silence
+DRAIN_IDLE_S = 1.0
 # a refused connection is logged at most this often per listener
 _REFUSED_LOG_EVERY_S = 10.0
 # body bytes held for an application that has not read them yet, before reading pauses
@@ -190,6 +192,7 @@ class HttpProtocol(asyncio.Protocol):
         self._head_bytes = 0
         self._deadline = math.inf
         self._timer: asyncio.TimerHandle | None = None
+        self._closing = False  # the server is stopping: no request after the next
 
     # ---- connection ----
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -321,7 +324,7 @@ class HttpProtocol(asyncio.Protocol):
             "query_string": url.query or b"",
             "headers": self._headers,
         }
-        keep_alive = version != "1.0" and parser.should_keep_alive()
+        keep_alive = version != "1.0" and parser.should_keep_alive() and not self._closing
         cycle = Cycle(self, scope, keep_alive, self._expect_continue)
         self._phase = _BODY
         self._deadline = self.loop.time() + self._body_timeout
@@ -378,12 +381,23 @@ class HttpProtocol(asyncio.Protocol):
             self._set_idle()
 
     def shutdown(self) -> None:
-        """Called by uvicorn when the server stops: close when idle, else after the answer."""
+        """Called by uvicorn when the server stops. Every request on this connection from now
+        on is answered with ``Connection: close``; an idle connection is closed only after
+        ``DRAIN_IDLE_S`` of silence. Closing it at once loses the request a client sends on
+        it at that moment (a reset: the client cannot tell whether it ran); a client in a
+        loop sends its next one within the second, gets its answer and the close, and then
+        finds the port closed, which it knows was refused."""
+        self._closing = True
+        for cycle in (self.cycle, *self._pipeline):
+            if cycle is not None:
+                cycle.keep_alive = False
         running = self._running
-        if running is None or running[0].complete:
-            self.transport.close()
-        else:
+        if running is not None:
             running[0].keep_alive = False
+        elif self._phase == _IDLE:
+            self._deadline = min(self._deadline, self.loop.time() + DRAIN_IDLE_S)
+            if self._timer is None:
+                self._timer = self.loop.call_later(DRAIN_IDLE_S, self._on_timer)
 
     # ---- limits ----
     def _set_idle(self) -> None:
