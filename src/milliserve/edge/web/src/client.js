@@ -189,8 +189,14 @@ export class EdgeClient {
     // every plan but a forced WebGPU one (which may find no adapter) runs the model file:
     // its download need not wait for the adapter
     if (provider !== "webgpu") this._model(m.model).catch(() => {});
-    const plan = await planProviders(m, provider, this.base);
-    const { best, session, measured, rt } = await this._choose(plan, tokenizer, start);
+    let plan, chosen;
+    try {
+      plan = await planProviders(m, provider, this.base);
+      chosen = await this._choose(plan, tokenizer, start);
+    } finally {
+      this._bytes = null; // the sessions hold what they need of the model files
+    }
+    const { best, session, measured, rt } = chosen;
     this.timings.ready_ms = now() - start;
     this.providers = { runtime: plan.runtime, adapter: plan.adapter, measured, skipped: plan.skipped };
     if (!session) throw new Error(measured.map((r) => `${providerLabel(r)}: ${r.error}`).join("; "));

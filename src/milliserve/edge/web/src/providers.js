@@ -60,7 +60,7 @@ export async function planProviders(manifest, provider, base) {
   const wasm = { provider: "wasm", precision: manifest.model.precision, model: manifest.model };
   const plan = { ort: wasmOrt, runtime: "wasm", candidates: [wasm], skipped: [], adapter: null };
   if (provider === "wasm") {
-    plan.skipped.push({ provider: "webgpu", why: "the app asked for wasm" });
+    plan.skipped.push({ provider: "webgpu", why: "the page asked for wasm only" });
     return plan;
   }
   const webgpu = manifest.edge.webgpu;
@@ -101,7 +101,7 @@ export async function planProviders(manifest, provider, base) {
   if (half && !f16) plan.skipped.push({ provider: "webgpu", precision: "fp16", why: "the adapter has no shader-f16" });
   plan.candidates = provider === "webgpu" ? [gpu] : [wasm, gpu];
   if (gpuHalf) plan.candidates.push(gpuHalf);
-  if (provider === "webgpu") plan.skipped.push({ provider: "wasm", why: "the app asked for webgpu" });
+  if (provider === "webgpu") plan.skipped.push({ provider: "wasm", why: "the page asked for webgpu only" });
   return plan;
 }
 
