@@ -13,7 +13,6 @@ from typing import Any
 from milliserve._version import __version__
 from milliserve.config.model_config import ModelConfig
 from milliserve.errors import InvalidInputError, MilliserveError, ModelControlDisabledError, RequestError
-from milliserve.llm.client import EngineClient
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.runtime.embedding import Embedder, EmbeddingSpec, embedding_spec
 from milliserve.runtime.servable import Servable, ServableRegistry
@@ -105,20 +104,23 @@ class DataPlane:
         """The responses to one request as the servable produces them (one for a model)."""
         return self.registry.get(request.model_name, request.model_version).stream(request)
 
-    # ---- generation ----
-    def generative(self, name: str, version: str = "") -> EngineClient:
-        """The generative model ``name`` (an ``EngineClient``); InvalidInputError for a
-        tensor model, NotFoundError for an unknown one."""
+    # ---- servables of a kind (generative models: llm.client.EngineClient) ----
+    def servable_as(self, kind: Any, name: str, version: str = "", what: str = "") -> Any:
+        """The servable ``name`` as a ``kind`` (a runtime-checkable protocol, e.g. the
+        front ends' ``EngineClient``); InvalidInputError naming ``what`` it is not, for a
+        model of another kind; NotFoundError for an unknown one. The front ends name the
+        kind, so that this package knows none of them. (``Any``: mypy takes no protocol
+        class for a ``type[K]``; the callers type what they get.)"""
         servable = self.registry.get(name, version)
-        if not isinstance(servable, EngineClient):
+        if not isinstance(servable, kind):
             raise InvalidInputError(
-                f"model {name!r} is not a generative model; call it with /v2/models/{name}/infer"
+                f"model {name!r} is not {what or kind.__name__}; call it with /v2/models/{name}/infer"
             )
         return servable
 
-    def generative_models(self) -> list[EngineClient]:
-        """The ready generative models (``GET /v1/models``)."""
-        return [s for s in self.registry.all_ready() if isinstance(s, EngineClient)]
+    def ready_as(self, kind: Any) -> list[Any]:
+        """The ready servables that are a ``kind`` (``GET /v1/models``: the generative ones)."""
+        return [s for s in self.registry.all_ready() if isinstance(s, kind)]
 
     # ---- embeddings ----
     def _embedding_spec(self, servable: Servable) -> EmbeddingSpec | None:

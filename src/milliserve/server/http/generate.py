@@ -51,6 +51,7 @@ from milliserve.status import status_of
 __all__ = ["GenerateRoutes"]
 
 log = logging.getLogger(__name__)
+_GENERATIVE = "a generative model"
 
 ReadBody = Callable[[Any, Receive], Awaitable[bytes]]
 
@@ -170,14 +171,14 @@ class GenerateRoutes:
         if method == "GET" and rest == ["models"]:
             now = int(time.time())
             # generative models, then embedding models (/v1/embeddings), each name once
-            names = dict.fromkeys(s.config.name for s in self.dp.generative_models())
+            names = dict.fromkeys(s.config.name for s in self.dp.ready_as(EngineClient))
             names.update(dict.fromkeys(s.config.name for s in self.dp.embedding_models()))
             data = [{"id": n, "object": "model", "created": now, "owned_by": "milliserve"} for n in names]
             await self._json(send, {"object": "list", "data": data})
             return
         if method == "GET" and len(rest) == 2 and rest[0] == "models":
             try:
-                name = self.dp.generative(rest[1]).config.name
+                name = self.dp.servable_as(EngineClient, rest[1], what=_GENERATIVE).config.name
             except InvalidInputError:
                 name = self.dp.embedder(rest[1]).name  # or not a model of the OpenAI API: 400
             await self._json(
@@ -190,7 +191,7 @@ class GenerateRoutes:
         chat = rest[0] == "chat"
         params = parse_openai(await self._body(scope, receive), chat)
         params.client = _client_of(scope)
-        servable = self.dp.generative(params.model)
+        servable: EngineClient = self.dp.servable_as(EngineClient, params.model, what=_GENERATIVE)
         if not params.stream:
             text, last = await self._complete(servable, params, receive)
             note_generation(params.model, last.timing, last.usage, last.finish)
@@ -238,7 +239,7 @@ class GenerateRoutes:
         name, version = rest[0], ""
         if len(rest) >= 4 and rest[1] == "versions":
             version = rest[2]
-        servable = self.dp.generative(name, version)
+        servable: EngineClient = self.dp.servable_as(EngineClient, name, version, _GENERATIVE)
         params = parse_generate(await self._body(scope, receive))
         params.client = _client_of(scope)
         streaming = rest[-1] == "generate_stream"
