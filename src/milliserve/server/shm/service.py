@@ -101,7 +101,7 @@ class SharedMemoryUse:
             if out.datatype == BYTES:
                 raw: Any = memoryview(array_to_raw(BYTES, out.data))
             else:  # the array's own bytes, copied once, straight into the region
-                raw = memoryview(np.ascontiguousarray(out.data).reshape(-1).view(np.uint8))
+                raw = np.ascontiguousarray(out.data).reshape(-1).view(np.uint8).data
             size = raw.nbytes
             if size > len(buf):
                 raise InvalidInputError(
