@@ -266,15 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--shared-memory",
         choices=("off", "system"),
         default=None,
-        help="system: Triton's system shared-memory extension for clients on this machine "
-        "(default off)",
+        help="system: Triton's system shared-memory extension for clients on this machine (default off)",
     )
     s.add_argument(
         "--shared-memory-key-prefix",
         default=None,
         metavar="PREFIX",
-        help="shared-memory keys clients may register must start with PREFIX, e.g. /myapp_ "
-        "(default: any)",
+        help="shared-memory keys clients may register must start with PREFIX, e.g. /myapp_ (default: any)",
     )
     s.add_argument(
         "--load-model",
