@@ -64,7 +64,7 @@ def _examples_triton(args: argparse.Namespace) -> int:
 def _examples_data(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from milliserve.examples.sentiment import write_tutorial_data
+    from milliserve.examples.tutorial_data import write_tutorial_data
 
     console = Console(stderr=True)
     with console.status("writing the sentiment tutorial's data (the FP32 classifier: a minute, once)"):

@@ -37,7 +37,6 @@ __all__ = [
     "splits",
     "tokenize",
     "write_data",
-    "write_tutorial_data",
 ]
 
 SEQ_LEN = 48  # covers 99% of the tweets' token counts
@@ -190,29 +189,3 @@ def factory() -> tuple[Any, Any]:
     model.head.load_state_dict(state)
     example = tokenize(["what a lovely day", "this is the worst"])
     return model.eval(), {k: torch.from_numpy(v) for k, v in example.items()}
-
-
-def write_tutorial_data(directory: Path, n_eval: int = 1000, zipf: float = 1.1) -> dict[str, Path]:
-    """What docs/tutorial-sentiment.md works from: the held-out tweets as ``eval.txt`` (one a
-    line) and ``eval.npz`` (48 tokens, with labels), ``calib.npz``, the FP32 classifier
-    ``sentiment_fp32.onnx`` (MiniLM + head, the graph ``optimize`` starts from) and
-    ``stream_tokens.json``: a Zipf stream over the tweets as token-id request bodies."""
-    import shutil
-
-    import orjson
-
-    from milliserve.bench.text_stream import text_stream, token_bodies
-    from milliserve.examples.sentiment_pipeline import fp32_classifier
-
-    paths = write_data(directory, n_train=200, n_eval=n_eval, n_calib=128)
-    texts = [" ".join(t.split()) or "." for t, _ in splits(200, n_eval)["eval"]]
-    paths["texts"] = directory / "eval.txt"
-    paths["texts"].write_text("\n".join(texts) + "\n", encoding="utf-8")
-    paths["model"] = directory / "sentiment_fp32.onnx"
-    shutil.copyfile(fp32_classifier(), paths["model"])
-    paths["stream"] = directory / "stream_tokens.json"
-    stream = text_stream(texts, zipf, length=5000)
-    paths["stream"].write_bytes(orjson.dumps(token_bodies(stream, tokenizer_path())))
-    (directory / "train.npz").unlink(missing_ok=True)  # the tutorial trains nothing
-    paths.pop("train", None)
-    return paths

@@ -15,8 +15,10 @@ processes on one machine. The parent:
 - on SIGTERM or SIGINT stops listening and passes the signal on: each worker drains what it
   holds, as a lone server does. A worker still running after the grace period is killed.
 
-Each worker is ``python -m milliserve.server.workers``, reading its settings and its slot
-(the inherited descriptors) as JSON on stdin, so no secret goes through the environment.
+Each worker is ``python -m milliserve.server.worker_process``, reading its settings and its
+slot (the inherited descriptors) as JSON on stdin, so no secret goes through the environment.
+The worker's side lives in that module: it builds a ``Server`` (server/app.py), which imports
+this one for ``serve --workers``, so the two sides apart keep the imports one way.
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ class _Supervisor:
         fds = [fd for fd in (slot.http_fd, slot.metrics_fd, slot.peer_fd, ready_w) if fd is not None]
         spec = json.dumps({"settings": _settings_json(self.settings), "slot": asdict(slot)}).encode()
         w.proc = subprocess.Popen(
-            [sys.executable, "-m", "milliserve.server.workers"],
+            [sys.executable, "-m", "milliserve.server.worker_process"],
             stdin=subprocess.PIPE,
             pass_fds=fds,
             preexec_fn=_die_with_parent,
@@ -257,26 +259,3 @@ class _Supervisor:
 def serve_workers(settings: Settings) -> int:
     """Run ``settings.workers`` worker processes until SIGTERM/SIGINT; the exit code."""
     return _Supervisor(settings).run()
-
-
-def _worker_main() -> None:  # pragma: no cover - runs in the worker processes
-    spec = json.loads(sys.stdin.buffer.read())
-    slot_data = spec["slot"]
-    slot_data["peer_ports"] = tuple(slot_data["peer_ports"])
-    slot = WorkerSlot(**slot_data)
-    settings = Settings(**spec["settings"])
-    from milliserve.observability.logs import configure_logging
-    from milliserve.server.app import Server
-
-    configure_logging(settings.log_level, prefix=f"worker {slot.index}")
-    try:
-        import uvloop
-
-        uvloop.run(Server(settings, worker=slot).run_until_signal())
-    except ConfigError as exc:
-        log.error("%s", exc.message)
-        sys.exit(1)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _worker_main()
