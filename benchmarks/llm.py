@@ -512,11 +512,12 @@ def open_loop_part(
     """Poisson arrivals of ``milliserve bench``'s chat prompts (which mix open questions with
     summarise/extract prompts) at 50, 70 and 90% of llama-server's capacity, both servers at
     their defaults, rounds interleaved: goodput against the SLO (TTFT, per-request ITL p99)."""
-    from milliserve.bench.llm_runner import LlmBenchConfig, run_llm_bench
+    from milliserve.bench.runner import BenchConfig, run_bench
 
     def one(url: str, **kw: Any) -> Any:
-        cfg = LlmBenchConfig(
+        cfg = BenchConfig(
             url=url,
+            mode="llm",
             model="smollm2",
             prompts="builtin:chat",
             warmup_s=3.0,
@@ -525,7 +526,7 @@ def open_loop_part(
             slo_itl_ms=slo[1],
             **kw,
         )
-        return run_llm_bench(cfg).levels[0]
+        return run_bench(cfg).levels[0]
 
     ls = LlamaServer(gguf, free_port(), 2, 8, 2048)
     try:

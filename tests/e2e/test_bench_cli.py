@@ -219,3 +219,58 @@ def test_llm_mode_bad_arguments_fail_clearly(args: list[str], code: int, message
     r = bench(f"http://127.0.0.1:{free_port()}", *args, "--no-calibrate", "--duration", "0.5")
     assert r.returncode == code, r.stdout + r.stderr
     assert message in r.stderr
+
+
+def test_embeddings_mode_against_milliserve_on_minilm(tmp_path: Path) -> None:
+    # a real embedding pipeline (tokenizer -> MiniLM -> pooling), the model found through
+    # /v1/models, 4 texts per request, an open loop and a closed one
+    from milliserve.examples.minilm_embed import build_minilm_embed
+
+    repo = tmp_path / "repo"
+    build_minilm_embed(repo)
+    with ServerProcess(repo) as srv:
+        out = tmp_path / "emb.json"
+        common = ("--embeddings", "-b", "4", "--warmup", "0.3", "--duration", "1", "--no-calibrate")
+        r = bench(f"http://{srv.http_url}/v1", *common, "--rate", "20", "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        assert "texts/s" in r.stdout and "20 req/s" in r.stdout
+        doc = json.loads(out.read_text())
+        assert doc["model"] == "minilm_embed" and doc["config"]["mode"] == "embeddings open"
+        (lv,) = doc["levels"]
+        assert lv["ok"] == lv["requests"] > 0 and lv["errors"] == {}, lv
+        assert lv["inputs_per_s"] == pytest.approx(4 * lv["throughput"], rel=0.01)
+        assert 0 < lv["latency_us"]["p50"] <= lv["latency_us"]["p99"]
+        texts = tmp_path / "texts.txt"
+        texts.write_text("first text\nsecond one\n")
+        r = bench(
+            f"http://{srv.http_url}",
+            *common,
+            "-m",
+            "minilm_embed",
+            "--data",
+            str(texts),
+            "--concurrency",
+            "2",
+        )
+        assert r.returncode == 0, r.stderr
+        assert "concurrency 2" in r.stdout
+        # a model that does not embed: every request's error, counted
+        r = bench(
+            f"http://{srv.http_url}", "--embeddings", "-m", "ghost", "--no-calibrate", "--duration", "0.3"
+        )
+        assert r.returncode == 0 and "http 404" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--embeddings", "--shape", "x:1"], "--shape: not used with --embeddings"),
+        (["--embeddings", "--max-tokens", "8"], "--max-tokens: only with --llm"),
+        (["--extra-body", "{}", "-m", "m"], "--extra-body: only with --llm or --embeddings"),
+        (["--embeddings", "--llm"], "not allowed with argument"),
+    ],
+)
+def test_embeddings_mode_bad_arguments_fail_clearly(args: list[str], message: str) -> None:
+    r = bench(f"http://127.0.0.1:{free_port()}", *args, "--no-calibrate", "--duration", "0.5")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr

@@ -10,7 +10,9 @@ can make the stream hard to read on purpose: CRLF line ends, events written in
 two pieces, keep-alive comments, several tokens per chunk, cumulative usage on each
 chunk, a ``Server-Timing`` header (``streams`` in it: the answers in flight as this
 one began), and every Nth request failed with a 500, an error
-inside the stream, or a connection cut mid-stream::
+inside the stream, or a connection cut mid-stream. It also answers ``/v1/embeddings``
+(model ``fake-embed``: a zero vector per input after ``--embed-ms``), for the embeddings
+mode::
 
     python -m milliserve.bench.fake_openai --port 9000 --ttft-ms 50 --itl-ms 10
 
@@ -29,13 +31,17 @@ from typing import Any
 
 import orjson
 
-from milliserve.bench.fake_server import module_server_process
+from milliserve.bench.fake_server import HttpHandler, module_server_process, run_until_interrupted
 
 __all__ = ["FakeLlm", "fake_openai_process", "serve_fake_openai"]
 
 MODEL = "fake-llm"
+EMBED_MODEL = "fake-embed"
 MODELS = orjson.dumps(
-    {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "milliserve"}]}
+    {
+        "object": "list",
+        "data": [{"id": m, "object": "model", "owned_by": "milliserve"} for m in (MODEL, EMBED_MODEL)],
+    }
 )
 
 
@@ -53,6 +59,8 @@ class FakeLlm:
     error_every: int = 0  # every Nth request: 500 with an OpenAI error body
     stream_error_every: int = 0  # every Nth: 200, then an error object half-way
     cut_every: int = 0  # every Nth: the connection closes half-way
+    embed_ms: float = 0.0  # /v1/embeddings: the delay of each answer
+    embed_dim: int = 8
 
 
 def _head(status: str, headers: dict[str, str]) -> bytes:
@@ -63,49 +71,44 @@ def _plain(status: str, body: bytes) -> bytes:
     return _head(status, {"content-type": "application/json", "content-length": str(len(body))}) + body
 
 
-class _Handler(asyncio.Protocol):
+class _Handler(HttpHandler):
     def __init__(self, b: FakeLlm, state: dict[str, int]) -> None:
+        super().__init__()
         self.b, self.state = b, state
-        self.buf = b""
-        self.transport: Any = None
-        self.queue: asyncio.Queue[tuple[str, str, bytes]] = asyncio.Queue()
-        self.task: asyncio.Task[None] | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        self.task = asyncio.get_running_loop().create_task(self._serve())
+    async def answer(self, method: str, path: str, body: bytes) -> bool:
+        if path.endswith("/v1/models"):
+            self.transport.write(_plain("200 OK", MODELS))
+        elif path.startswith("/health"):
+            self.transport.write(_plain("200 OK", b"{}"))
+        elif method == "POST" and path.endswith("/v1/embeddings"):
+            await self._embed(body)
+        elif method == "POST" and path.endswith(("/v1/chat/completions", "/v1/completions")):
+            return await self._complete(path.endswith("/chat/completions"), body)
+        else:
+            self.transport.write(_plain("404 Not Found", b'{"error": {"message": "no such route"}}'))
+        return True
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.task:
-            self.task.cancel()
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
-            head = self.buf[:end].decode("latin-1")
-            length = 0
-            for line in head.split("\r\n")[1:]:
-                k, _, v = line.partition(":")
-                if k.strip().lower() == "content-length":
-                    length = int(v)
-            if len(self.buf) < end + 4 + length:
-                return
-            method, path = head.split(" ", 2)[:2]
-            self.queue.put_nowait((method, path, self.buf[end + 4 : end + 4 + length]))
-            self.buf = self.buf[end + 4 + length :]
-
-    async def _serve(self) -> None:
-        while True:
-            method, path, body = await self.queue.get()
-            if path.endswith("/v1/models"):
-                self.transport.write(_plain("200 OK", MODELS))
-            elif path.startswith("/health"):
-                self.transport.write(_plain("200 OK", b"{}"))
-            elif method == "POST" and path.endswith(("/v1/chat/completions", "/v1/completions")):
-                if not await self._complete(path.endswith("/chat/completions"), body):
-                    return
-            else:
-                self.transport.write(_plain("404 Not Found", b'{"error": {"message": "no such route"}}'))
+    async def _embed(self, body: bytes) -> None:
+        """One zero vector of ``embed_dim`` floats per input, after ``embed_ms``."""
+        self.state["count"] += 1
+        if self.b.error_every and self.state["count"] % self.b.error_every == 0:
+            err = orjson.dumps({"error": {"message": "fake overload", "type": "server_error", "code": 500}})
+            self.transport.write(_plain("500 Internal Server Error", err))
+            return
+        doc = orjson.loads(body)
+        if doc.get("model") != EMBED_MODEL:
+            what = {"message": f"model {doc.get('model')!r} does not embed", "type": "invalid_request_error"}
+            self.transport.write(_plain("404 Not Found", orjson.dumps({"error": what})))
+            return
+        inputs = doc.get("input")
+        n = len(inputs) if isinstance(inputs, list) else 1
+        if self.b.embed_ms:
+            await asyncio.sleep(self.b.embed_ms / 1e3)
+        data = [{"object": "embedding", "index": i, "embedding": [0.0] * self.b.embed_dim} for i in range(n)]
+        usage = {"prompt_tokens": 7 * n, "total_tokens": 7 * n}
+        doc = {"object": "list", "data": data, "model": EMBED_MODEL, "usage": usage}
+        self.transport.write(_plain("200 OK", orjson.dumps(doc)))
 
     async def _complete(self, chat: bool, body: bytes) -> bool:
         """Stream one answer; False when the connection was cut on purpose."""
@@ -201,7 +204,7 @@ def fake_openai_process(*args: str) -> Iterator[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, required=True)
-    for name in ("ttft-ms", "itl-ms"):
+    for name in ("ttft-ms", "itl-ms", "embed-ms"):
         ap.add_argument(f"--{name}", type=float, default=0.0)
     ap.add_argument("--tokens", type=int, default=16)
     for name in ("tokens-per-chunk",):
@@ -224,13 +227,9 @@ def main() -> None:
         a.error_every,
         a.stream_error_every,
         a.cut_every,
+        a.embed_ms,
     )
-    try:
-        import uvloop
-
-        uvloop.run(serve_fake_openai(a.port, behaviour))
-    except KeyboardInterrupt:
-        pass
+    run_until_interrupted(serve_fake_openai(a.port, behaviour))
 
 
 if __name__ == "__main__":

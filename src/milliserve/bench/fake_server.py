@@ -15,19 +15,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-__all__ = ["FakeBehaviour", "fake_server_process", "module_server_process", "serve_fake"]
+__all__ = [
+    "FakeBehaviour",
+    "HttpHandler",
+    "fake_server_process",
+    "module_server_process",
+    "run_until_interrupted",
+    "serve_fake",
+]
 
 METADATA = orjson.dumps(
     {
@@ -68,17 +76,18 @@ def _response(status: int, body: bytes, reason: str = "OK") -> bytes:
     return head.encode() + body
 
 
-class _Handler(asyncio.Protocol):
-    def __init__(self, behaviour: FakeBehaviour, state: dict[str, float]) -> None:
-        self.b = behaviour
-        self.state = state
+class HttpHandler(asyncio.Protocol):
+    """A minimal HTTP/1.1 keep-alive connection for the fake servers: requests framed by
+    Content-Length are queued and answered in order by ``answer`` (its False closes)."""
+
+    def __init__(self) -> None:
         self.buf = b""
-        self.transport: Any = None
-        self.queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self.transport: Any = None  # uvloop's transports are not asyncio.Transport subclasses
+        self.queue: asyncio.Queue[tuple[str, str, bytes]] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # uvloop's transports are not asyncio.Transport subclasses
+        self.transport = transport
         self.task = asyncio.get_running_loop().create_task(self._serve())
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -87,10 +96,7 @@ class _Handler(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
+        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
             head = self.buf[:end].decode("latin-1")
             length = 0
             for line in head.split("\r\n")[1:]:
@@ -100,27 +106,41 @@ class _Handler(asyncio.Protocol):
             if len(self.buf) < end + 4 + length:
                 return
             method, path = head.split(" ", 2)[:2]
+            self.queue.put_nowait((method, path, self.buf[end + 4 : end + 4 + length]))
             self.buf = self.buf[end + 4 + length :]
-            self.queue.put_nowait((method, path))
 
     async def _serve(self) -> None:
         while True:
-            method, path = await self.queue.get()
-            assert self.transport is not None
-            if method == "POST" and path.endswith("/infer"):
-                self.transport.write(await self._infer())
-            elif path.rstrip("/").endswith("/config"):
-                self.transport.write(_response(200, CONFIG))
-            elif path.rstrip("/").endswith("/stats"):
-                self.transport.write(_response(200, STATS))
-            elif path.rstrip("/") == "/v2":
-                self.transport.write(_response(200, SERVER))
-            elif path.startswith("/v2/models/fake"):
-                self.transport.write(_response(200, b"{}" if path.endswith("/ready") else METADATA))
-            elif path.startswith("/v2/health"):
-                self.transport.write(_response(200, b"{}"))
-            else:
-                self.transport.write(_response(404, b'{"error": "unknown model"}', "Not Found"))
+            method, path, body = await self.queue.get()
+            if not await self.answer(method, path, body):
+                return
+
+    async def answer(self, method: str, path: str, body: bytes) -> bool:
+        raise NotImplementedError
+
+
+class _Handler(HttpHandler):
+    def __init__(self, behaviour: FakeBehaviour, state: dict[str, float]) -> None:
+        super().__init__()
+        self.b = behaviour
+        self.state = state
+
+    async def answer(self, method: str, path: str, body: bytes) -> bool:
+        if method == "POST" and path.endswith("/infer"):
+            self.transport.write(await self._infer())
+        elif path.rstrip("/").endswith("/config"):
+            self.transport.write(_response(200, CONFIG))
+        elif path.rstrip("/").endswith("/stats"):
+            self.transport.write(_response(200, STATS))
+        elif path.rstrip("/") == "/v2":
+            self.transport.write(_response(200, SERVER))
+        elif path.startswith("/v2/models/fake"):
+            self.transport.write(_response(200, b"{}" if path.endswith("/ready") else METADATA))
+        elif path.startswith("/v2/health"):
+            self.transport.write(_response(200, b"{}"))
+        else:
+            self.transport.write(_response(404, b'{"error": "unknown model"}', "Not Found"))
+        return True
 
     async def _infer(self) -> bytes:
         b = self.b
@@ -204,12 +224,15 @@ def main() -> None:
     behaviour = FakeBehaviour(
         a.latency_ms, a.slow_every, a.slow_ms, a.error_every, a.error_status, a.stall_after_s, a.stall_ms
     )
-    try:
-        import uvloop
+    run_until_interrupted(serve_fake(a.port, behaviour))
 
-        uvloop.run(serve_fake(a.port, behaviour))
-    except KeyboardInterrupt:
-        pass
+
+def run_until_interrupted(server: Coroutine[Any, Any, None]) -> None:
+    """A fake server's main: serve on uvloop until SIGINT (or the parent's SIGTERM)."""
+    import uvloop
+
+    with contextlib.suppress(KeyboardInterrupt):
+        uvloop.run(server)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import contextlib
 import math
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +27,8 @@ import httptools
 import orjson
 
 from milliserve.bench.llm_stream import StreamTally, parse_server_timing
-from milliserve.bench.llm_workload import LlmWorkload
-from milliserve.bench.loadgen import CONNECT_ERROR
+from milliserve.bench.openai_target import ApiTarget
+from milliserve.bench.records import CONNECT_ERROR, Recorder
 from milliserve.bench.sse import SseParser
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "TIMEOUT",
     "LlmClient",
     "StreamResult",
+    "StreamingClient",
     "error_message",
 ]
 
@@ -179,16 +181,17 @@ class _Conn(asyncio.Protocol):
 
 
 class LlmClient:
-    """Sends a workload's requests over a pool of keep-alive connections."""
+    """Sends streaming requests to ``target`` over a pool of keep-alive connections; a request
+    that has not ended after ``timeout_s`` counts as TIMEOUT."""
 
-    def __init__(self, w: LlmWorkload) -> None:
-        self.w = w
+    def __init__(self, target: ApiTarget, timeout_s: float = 300.0) -> None:
+        self.target, self.timeout_s = target, timeout_s
         self.idle: list[_Conn] = []
-        self.ssl = ssl.create_default_context() if w.target.scheme == "https" else None
+        self.ssl = ssl.create_default_context() if target.scheme == "https" else None
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
-        t = self.w.target
+        t = self.target
         _, conn = await loop.create_connection(_Conn, t.host, t.port, ssl=self.ssl)
         return conn
 
@@ -196,7 +199,7 @@ class LlmClient:
         """Send one request and read its stream to the end (or the workload's timeout)."""
         loop = asyncio.get_running_loop()
         sent = time.monotonic()
-        deadline = sent + self.w.timeout_s
+        deadline = sent + self.timeout_s
         for attempt in range(2):
             conn = None
             while self.idle and conn is None:
@@ -219,7 +222,7 @@ class LlmClient:
             except TimeoutError:
                 conn.close()
                 n = len(ex.tally.chunk_times)
-                msg = f"no end of stream after {self.w.timeout_s:g} s ({n} content chunks)"
+                msg = f"no end of stream after {self.timeout_s:g} s ({n} content chunks)"
                 return StreamResult(TIMEOUT, sent, time.monotonic(), ex.tally, msg)
             except _Failed as exc:
                 conn.close()
@@ -244,6 +247,36 @@ class LlmClient:
         for c in self.idle:
             c.close()
         self.idle.clear()
+
+
+class StreamingClient:
+    """The LLM mode's client for the load generator: ``LlmClient``'s streams, recorded with
+    their chunks. Sends go out from the event loop (an open loop hands them over: the
+    figures here are milliseconds)."""
+
+    send_now = None
+
+    def __init__(
+        self,
+        target: ApiTarget,
+        timeout_s: float,
+        requests: list[bytes],
+        rec: Recorder,
+        finished: Callable[[int], None],
+    ) -> None:
+        self.http = LlmClient(target, timeout_s)
+        self.requests, self.rec, self.finished = requests, rec, finished
+
+    async def request(self, n: int, intended: float, phase: int) -> int:
+        try:
+            r = await self.http.request(self.requests[n % len(self.requests)])
+        finally:
+            self.finished(phase)
+        self.rec.add(intended, phase, r.sent, r.done, r.status, r.message, r.tally)
+        return r.status
+
+    async def close(self) -> None:
+        self.http.close()
 
 
 def _why(exc: BaseException) -> str:

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from milliserve.bench.llm_client import BAD_RESPONSE, STREAM_CUT, STREAM_ERROR, TIMEOUT
-from milliserve.bench.llm_loadgen import MEASURED, LlmRecords
-from milliserve.bench.results import LATE_SEND_S, error_key, hdr_percentiles
+from milliserve.bench.records import Records
+from milliserve.bench.results import client_cpu_share, errors_by_kind, hdr_percentiles, lateness, level_label
 
 __all__ = ["ERROR_KINDS", "LlmLevelResult", "Slo", "request_itls", "summarize_llm"]
 
@@ -85,7 +85,7 @@ class LlmLevelResult:
 
     @property
     def label(self) -> str:
-        return f"concurrency {self.level:g}" if self.mode == "closed" else f"{self.level:g} req/s"
+        return level_label(self.mode, self.level)
 
     def as_dict(self) -> dict[str, Any]:
         def r(d: dict[str, float]) -> dict[str, float]:
@@ -141,17 +141,20 @@ def _ms(values_s: np.ndarray[Any, Any]) -> dict[str, float]:
 
 
 def summarize_llm(
-    mode: str, level: float, rec: LlmRecords, cores: int, run_s: float, slo: Slo
+    mode: str, level: float, rec: Records, cores: int, run_s: float, slo: Slo
 ) -> LlmLevelResult:
     """Summarise one level's records (see the module docstring for what each figure is)."""
-    m = rec.phase == MEASURED
+    if rec.streams is None:
+        raise ValueError("the LLM figures need streamed records (Records.streams)")
+    st = rec.streams
+    m = rec.measured
     ok_all = rec.status == 200
     ok = m & ok_all
     idx = np.flatnonzero(ok)
-    n_chunks = np.diff(rec.offsets)
+    n_chunks = np.diff(st.offsets)
     first = np.full(len(rec), np.nan)
     has = n_chunks > 0
-    first[has] = rec.chunk_t[rec.offsets[:-1][has]]
+    first[has] = st.chunk_t[st.offsets[:-1][has]]
 
     ttft, e2e, tpot, itls = [], [], [], []
     good = 0
@@ -159,13 +162,13 @@ def summarize_llm(
         e2e.append(rec.done[i] - rec.intended[i])
         if not has[i]:
             continue
-        a, b = rec.offsets[i], rec.offsets[i + 1]
+        a, b = st.offsets[i], st.offsets[i + 1]
         t_first = float(first[i] - rec.intended[i])
         ttft.append(t_first)
-        gaps = request_itls(rec.chunk_t[a:b], rec.chunk_tokens[a:b], bool(rec.chunk_known[i]))
+        gaps = request_itls(st.chunk_t[a:b], st.chunk_tokens[a:b], bool(st.chunk_known[i]))
         itls.append(gaps)
-        if rec.output_tokens[i] > 1:
-            tpot.append((rec.done[i] - first[i]) / (rec.output_tokens[i] - 1))
+        if st.output_tokens[i] > 1:
+            tpot.append((rec.done[i] - first[i]) / (st.output_tokens[i] - 1))
         itl_p99 = float(np.percentile(gaps, 99)) if gaps.size else 0.0
         if t_first * 1e3 <= slo.ttft_ms and itl_p99 * 1e3 <= slo.itl_ms:
             good += 1
@@ -178,17 +181,13 @@ def summarize_llm(
     window = w1 - w0
     chunk_ok = np.repeat(ok_all, n_chunks)
     completed = int((ok_all & (rec.done >= w0) & (rec.done <= w1)).sum())
-    tokens = float(rec.chunk_tokens[chunk_ok & (rec.chunk_t >= w0) & (rec.chunk_t <= w1)].sum())
+    tokens = float(st.chunk_tokens[chunk_ok & (st.chunk_t >= w0) & (st.chunk_t <= w1)].sum())
     throughput = completed / window if window > 0 else 0.0
     good_share = good / ok.sum() if ok.any() else 0.0
 
-    errors: dict[str, int] = {}
-    for s in rec.status[m & ~ok_all]:
-        key = error_key(int(s), rec.messages, ERROR_KINDS)
-        errors[key] = errors.get(key, 0) + 1
-    out = rec.output_tokens[ok].astype(np.float64)
+    out = st.output_tokens[ok].astype(np.float64)
     chunks = n_chunks[ok]
-    lateness = (rec.sent - rec.intended)[m]
+    late, late_p99 = lateness(rec, m)
     return LlmLevelResult(
         mode=mode,
         level=level,
@@ -214,14 +213,14 @@ def summarize_llm(
             else {}
         ),
         tokens_per_chunk=float(out.sum() / chunks.sum()) if chunks.sum() else 0.0,
-        usage_reported=float(rec.usage_known[ok].mean()) if ok.any() else 0.0,
+        usage_reported=float(st.usage_known[ok].mean()) if ok.any() else 0.0,
         empty=int((n_chunks[ok] == 0).sum()),
-        errors=errors,
-        late_sends=int((lateness > LATE_SEND_S).sum()),
-        late_send_p99_ms=float(np.percentile(lateness, 99) * 1e3) if lateness.size else 0.0,
-        client_cpu_share=rec.cpu_s / (run_s * cores) if run_s > 0 else 0.0,
+        errors=errors_by_kind(rec.status[m & ~ok_all], rec.messages, ERROR_KINDS),
+        late_sends=late,
+        late_send_p99_ms=late_p99,
+        client_cpu_share=client_cpu_share(rec, run_s, cores),
         slo=slo,
-        server=_server_timings([rec.timings[i] for i in idx]),
+        server=_server_timings([st.timings[i] for i in idx]),
         samples={"ttft_ms": np.asarray(ttft) * 1e3, "itl_ms": all_itls * 1e3},
     )
 

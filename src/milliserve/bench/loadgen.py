@@ -1,34 +1,59 @@
-"""The load generator's worker processes.
+"""The load generator, one for every mode: a level's phases, the closed and the open loop,
+and the worker processes that run them.
 
-Each worker runs its own uvloop and its own connections, and answers jobs from
-the parent: "keep N requests in flight" (closed loop) or "send at these
-instants" (open loop). Every request is recorded with the instant it was
-*scheduled*, the instant it went out, and the instant its answer arrived, all
-on the system-wide monotonic clock, so the parent can measure open-loop latency
-from the schedule (coordinated omission corrected) and count late sends.
+A level runs in three phases. *Warmup*: requests scheduled in the first ``warmup_s`` are
+sent but not measured. *Measured*: those scheduled in the next ``duration_s`` (or the next
+``requests`` of them). *Cooldown*: the same load goes on, unmeasured, until the last
+measured request has ended, so that every measured request ran under the full load (a
+closed loop that stopped sending would let its last requests run alone, and flatter them).
+Then the level waits for what is still in flight and ends.
+
+*Closed loop*: N coroutines, each sending its next request as its last one ends; latency
+from the send. *Open loop*: requests at scheduled instants (Poisson or evenly spaced)
+whatever the server does; latency from each request's *scheduled* instant, so a stall is
+charged to every request it delayed (coordinated omission corrected). A clock thread sleeps
+to each instant (event-loop timers have millisecond resolution) with the kernel's timer
+slack at 1 ns (the default 50 µs made every sleep end 50-90 µs late here), and sends at once
+where the mode's client can send from that thread (HTTP); otherwise it hands the send to the
+event loop. What lateness remains is recorded per request and reported.
+
+Each mode gives a workload (picklable, sent to the worker processes) whose ``client()``
+builds, inside the worker's event loop, the client that sends its requests and records
+them (``records.Recorder``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import math
 import multiprocessing as mp
+import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from milliserve.bench.workload import Workload
+from milliserve.bench.records import CONNECT_ERROR, COOLDOWN, MEASURED, WARMUP, Recorder, Records
 
-__all__ = ["CONNECT_ERROR", "Job", "ProcessPool", "Records", "WorkerPool"]
+__all__ = [
+    "Client",
+    "Job",
+    "LoadWorkload",
+    "Phases",
+    "ProcessPool",
+    "WorkerPool",
+    "precise_sleeps",
+    "run_job",
+]
 
-CONNECT_ERROR = -1
 R = TypeVar("R")
+CONNECT_RETRY_S = 0.05  # a closed-loop connection's pause after a refused connect
 
 
 @dataclass(frozen=True)
@@ -36,212 +61,176 @@ class Job:
     mode: str  # "closed" or "open"
     level: float  # this worker's concurrency (closed) or requests per second (open)
     start_at: float  # time.monotonic() instant shared by all workers
-    duration_s: float  # includes the warmup
+    duration_s: float  # the measured phase (after the warmup)
     poisson: bool = True
     seed: int = 0
-    warmup_s: float = 0.0  # LLM mode: requests scheduled before start_at + warmup_s are not measured
-    requests: int | None = None  # LLM mode: measure this many requests instead of duration_s
+    warmup_s: float = 0.0
+    requests: int | None = None  # measure this many requests instead of duration_s
 
 
-@dataclass
-class Records:
-    intended: np.ndarray[Any, Any]
-    sent: np.ndarray[Any, Any]
-    done: np.ndarray[Any, Any]
-    status: np.ndarray[Any, Any]  # HTTP status, 1000 + gRPC code, or -1 for a connection error
-    messages: dict[int, str] = field(default_factory=dict)  # first error message per status
-    cpu_s: float = 0.0
+class Client(Protocol):
+    """Sends one mode's requests and records each into the Recorder it was built with,
+    telling ``finished(phase)`` as each one ends."""
 
-    @staticmethod
-    def merge(parts: list[Records]) -> Records:
-        messages: dict[int, str] = {}
-        for p in parts:
-            for k, v in p.messages.items():
-                messages.setdefault(k, v)
-        return Records(
-            np.concatenate([p.intended for p in parts]),
-            np.concatenate([p.sent for p in parts]),
-            np.concatenate([p.done for p in parts]),
-            np.concatenate([p.status for p in parts]),
-            messages,
-            sum(p.cpu_s for p in parts),
-        )
+    @property
+    def send_now(self) -> Callable[[int, float, int], None] | None:
+        """Send request n at once from the open loop's clock thread, or None: sends must go
+        through the event loop."""
+        ...
+
+    async def request(self, n: int, intended: float, phase: int) -> int:
+        """Send request ``n`` (round-robin over the workload), wait for its end; its status."""
+        ...
+
+    async def close(self) -> None:
+        """Wait for what is in flight and let go of the connections."""
+        ...
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.rows: list[tuple[float, float, float, int]] = []
-        self.messages: dict[int, str] = {}
-
-    def add(self, intended: float, sent: float, done: float, status: int, message: str = "") -> None:
-        self.rows.append((intended, sent, done, status))
-        if message and status not in self.messages:
-            self.messages[status] = message[:300]
-
-    def records(self, cpu_s: float) -> Records:
-        a = np.asarray(self.rows, dtype=np.float64).reshape(-1, 4)
-        return Records(a[:, 0], a[:, 1], a[:, 2], a[:, 3].astype(np.int32), self.messages, cpu_s)
+class LoadWorkload(Protocol):
+    def client(self, rec: Recorder, finished: Callable[[int], None]) -> Client:
+        """The client for this workload, built inside the worker's running event loop."""
+        ...
 
 
-class _HttpConn:
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        # when the server will close the idle connection (its Keep-Alive: timeout=N, less a
-        # second): reusing it later would race the server's close and fail the request
-        self.expires = math.inf
+class Phases:
+    """Which phase a request scheduled at an instant belongs to, and when the level is over.
+    ``assign`` may run on the clock thread while ``finished`` runs on the loop: a lock keeps
+    the counts, and ``over`` is set on the loop."""
 
-    async def request(self, parts: tuple[bytes, ...]) -> tuple[int, bytes]:
-        if self.writer is not None and time.monotonic() >= self.expires:
-            self.close()
-        if self.writer is None or self.reader is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-            self.expires = math.inf
-        for part in parts:  # each write goes out at once (TCP_NODELAY): one send per part
-            self.writer.write(part)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status = int(head[9:12])
-        length = 0
-        lower = head.lower()
-        i = lower.find(b"\r\ncontent-length:")  # not Inference-Header-Content-Length
-        if i >= 0:
-            length = int(lower[i + 17 : lower.index(b"\r\n", i + 2)])
-        body = await self.reader.readexactly(length) if length else b""
-        if b"connection: close" in lower:
-            self.close()
-        elif (k := lower.find(b"\r\nkeep-alive: timeout=")) >= 0:
-            end = lower.index(b"\r\n", k + 2)
-            with contextlib.suppress(ValueError):
-                self.expires = time.monotonic() + float(lower[k + 22 : end].split(b",")[0]) - 1.0
-        return status, body
+    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
+        self.measure_from = job.start_at + job.warmup_s
+        self.measure_to = self.measure_from + job.duration_s if job.requests is None else math.inf
+        self.quota = job.requests
+        self.measured = 0
+        self.pending = 0  # measured requests in flight
+        self.over = asyncio.Event()
+        self.stopped = threading.Event()  # the clock thread's view of ``over``
+        self._lock = threading.Lock()
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
+    def assign(self, t: float) -> int:
+        with self._lock:
+            if t < self.measure_from:
+                return WARMUP
+            if (self.quota is None and t < self.measure_to) or (
+                self.quota is not None and self.measured < self.quota
+            ):
+                self.measured += 1
+                self.pending += 1
+                return MEASURED
+        self.check()
+        return COOLDOWN
 
+    def finished(self, phase: int) -> None:
+        if phase == MEASURED:
+            with self._lock:
+                self.pending -= 1
+        self.check()
 
-def _raw_http(w: Workload) -> list[tuple[bytes, ...]]:
-    out: list[tuple[bytes, ...]] = []
-    for body, headers in zip(w.bodies, w.headers, strict=True):
-        head = f"POST {w.path} HTTP/1.1\r\nHost: {w.target.host}:{w.target.port}\r\n"
-        head += f"Content-Length: {len(body)}\r\n"
-        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
-        out.append((head.encode(), body) if w.split_writes else (head.encode() + body,))
-    return out
+    def check(self) -> None:
+        """Set ``over`` once the measured phase has stopped sending and its requests are done."""
+        with self._lock:
+            sending_over = (
+                time.monotonic() >= self.measure_to if self.quota is None else self.measured >= self.quota
+            )
+            over = sending_over and self.pending == 0
+        if over and not self.stopped.is_set():
+            self.stopped.set()
+            if threading.get_ident() == self._loop_thread:
+                self.over.set()
+            else:
+                self._loop.call_soon_threadsafe(self.over.set)
 
-
-class _Sender:
-    """Sends one request and records it; HTTP keeps a pool of keep-alive connections."""
-
-    def __init__(self, w: Workload, rec: _Recorder) -> None:
-        self.w, self.rec = w, rec
-        self.n = 0
-        self.idle: list[_HttpConn] = []
-        self.raw = _raw_http(w) if w.target.protocol == "http" else [(b,) for b in w.bodies]
-        self.grpc_call: Any = None
-        self.channel: Any = None
-
-    async def start(self) -> None:
-        if self.w.target.protocol == "grpc":
-            import grpc
-
-            self.channel = grpc.aio.insecure_channel(f"{self.w.target.host}:{self.w.target.port}")
-            self.grpc_call = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-
-    async def stop(self) -> None:
-        for c in self.idle:
-            c.close()
-        if self.channel is not None:
-            await self.channel.close()
-
-    async def send(self, intended: float) -> None:
-        parts = self.raw[self.n % len(self.raw)]
-        self.n += 1
-        sent = time.monotonic()
-        if self.grpc_call is not None:
-            import grpc
-
-            try:
-                await self.grpc_call(parts[0], timeout=60)
-                self.rec.add(intended, sent, time.monotonic(), 200)
-            except grpc.aio.AioRpcError as exc:
-                self.rec.add(
-                    intended, sent, time.monotonic(), 1000 + exc.code().value[0], exc.details() or ""
-                )
-            return
-        conn = self.idle.pop() if self.idle else _HttpConn(self.w.target.host, self.w.target.port)
-        try:
-            status, resp = await conn.request(parts)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            conn.close()
-            self.rec.add(intended, sent, time.monotonic(), CONNECT_ERROR, f"{type(exc).__name__}: {exc}")
-            return
-        done = time.monotonic()
-        self.idle.append(conn)
-        if status == 200:
-            self.rec.add(intended, sent, done, 200)
-        else:
-            self.rec.add(intended, sent, done, status, resp.decode(errors="replace"))
+    def check_at_the_end(self) -> None:
+        # a timed level with nothing measured in flight is over when its window closes, not
+        # when the next request (perhaps many seconds away at a low rate) comes to look
+        if math.isfinite(self.measure_to):
+            self._loop.call_later(max(0.0, self.measure_to - time.monotonic()), self.check)
 
 
-async def _closed(s: _Sender, job: Job) -> None:
-    end = job.start_at + job.duration_s
+def precise_sleeps() -> None:
+    """Let this thread's sleeps end on time: Linux delays a sleeping thread's wake-up by up
+    to its timer slack (50 µs by default) to batch wake-ups; a load generator's clock wants
+    1 ns. Nothing elsewhere."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
 
+
+def arrivals(job: Job) -> Iterator[float]:
+    """The scheduled instants of an open loop: Poisson or evenly spaced at ``job.level``/s."""
+    rng = np.random.default_rng(job.seed)
+    t = job.start_at
+    while True:
+        gaps = rng.exponential(1 / job.level, 256) if job.poisson else np.full(256, 1 / job.level)
+        for g in gaps:
+            yield t
+            t += float(g)
+
+
+async def _closed(client: Client, job: Job, phases: Phases, counter: Iterator[int]) -> None:
     async def loop() -> None:
-        while (now := time.monotonic()) < end:
-            await s.send(now)
+        while not phases.over.is_set():
+            now = time.monotonic()
+            if await client.request(next(counter), now, phases.assign(now)) == CONNECT_ERROR:
+                # refused at once: count it, but do not spin through thousands a second
+                await asyncio.sleep(CONNECT_RETRY_S)
 
     await asyncio.sleep(max(0.0, job.start_at - time.monotonic()))
+    phases.check_at_the_end()
     await asyncio.gather(*(loop() for _ in range(int(job.level))))
 
 
-async def _open(s: _Sender, job: Job) -> None:
-    """Send at the scheduled instants. Event-loop timers have millisecond resolution, so a
-    small thread sleeps to each instant with nanosleep (microsecond precision, no busy
-    wait) and hands the send to the loop; what lateness remains is recorded."""
-    rng = np.random.default_rng(job.seed)
-    n = int(job.level * job.duration_s) + 1
-    gaps = rng.exponential(1 / job.level, n) if job.poisson else np.full(n, 1 / job.level)
-    instants = job.start_at + np.cumsum(gaps) - gaps[0]
-    end = job.start_at + job.duration_s
+async def _open(client: Client, job: Job, phases: Phases, counter: Iterator[int]) -> None:
     loop = asyncio.get_running_loop()
-    tasks: set[asyncio.Task[None]] = set()
-    finished = asyncio.Event()
+    tasks: set[asyncio.Task[int]] = set()
+    direct = client.send_now
 
-    def fire(t: float) -> None:
-        task = loop.create_task(s.send(t))
+    def fire(t: float, n: int, phase: int) -> None:
+        task = loop.create_task(client.request(n, t, phase))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
     def schedule() -> None:
-        for t in instants:
-            if t >= end:
-                break
+        precise_sleeps()
+        for t in arrivals(job):
             delay = t - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            loop.call_soon_threadsafe(fire, float(t))
-        loop.call_soon_threadsafe(finished.set)
+            if delay > 0 and phases.stopped.wait(delay):
+                return
+            if phases.stopped.is_set():
+                return
+            n, phase = next(counter), phases.assign(t)
+            if direct is not None:
+                direct(n, t, phase)
+            else:
+                loop.call_soon_threadsafe(fire, t, n, phase)
 
-    clock = threading.Thread(target=schedule, name="bench-schedule", daemon=True)
+    clock = threading.Thread(target=schedule, name="bench-clock", daemon=True)
     clock.start()
-    await finished.wait()
-    clock.join()
+    phases.check_at_the_end()
+    try:
+        await phases.over.wait()
+    finally:
+        phases.stopped.set()
+        await asyncio.to_thread(clock.join)
     while tasks:
         await asyncio.gather(*tasks)
 
 
-async def _run(w: Workload, job: Job) -> Records:
-    rec = _Recorder()
-    s = _Sender(w, rec)
-    await s.start()
+async def run_job(workload: LoadWorkload, job: Job) -> Records:
+    """One worker's share of a level (the ``ProcessPool`` runner): every request it made."""
+    rec = Recorder()
+    loop = asyncio.get_running_loop()
+    phases = Phases(job, loop)
+    client = workload.client(rec, phases.finished)
+    counter = iter(range(job.seed, 1 << 62))
     cpu0 = time.process_time()
     try:
-        await (_closed(s, job) if job.mode == "closed" else _open(s, job))
+        await (_closed if job.mode == "closed" else _open)(client, job, phases, counter)
     finally:
-        await s.stop()
+        await client.close()
     return rec.records(time.process_time() - cpu0)
 
 
@@ -334,11 +323,7 @@ class ProcessPool(Generic[R]):
 
 
 class WorkerPool(ProcessPool[Records]):
-    """The tensor-mode pool: each worker sends pre-encoded OIP requests."""
+    """The load generator's processes for one workload (any mode)."""
 
-    def __init__(self, workload: Workload, size: int) -> None:
-        super().__init__(workload, size, _run, Records.merge)
-
-    def run(self, mode: str, level: float, duration_s: float, poisson: bool = True, seed: int = 0) -> Records:
-        """Run one window across the workers and return every request it made."""
-        return self.run_job(mode, level, duration_s, poisson, seed)
+    def __init__(self, workload: LoadWorkload, size: int) -> None:
+        super().__init__(workload, size, run_job, Records.merge)

@@ -1,57 +1,22 @@
-"""Print and save a benchmark: a rich table, JSON and CSV."""
+"""Print and save a benchmark of any mode: a rich table, JSON and CSV. The columns are the
+mode's (bench/modes.py); the frame, the notes every mode shares and the A/B table are here."""
 
 from __future__ import annotations
 
 import csv
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from milliserve.bench.results import LevelResult
+from milliserve.bench.modes import MODES
 from milliserve.bench.runner import DEFAULT_WORKERS, BenchReport
 
 __all__ = ["client_line", "print_report", "write_csv", "write_json"]
 
-CSV_COLUMNS = [
-    "target",
-    "mode",
-    "level",
-    "requests",
-    "ok",
-    "throughput",
-    "p50_us",
-    "p90_us",
-    "p95_us",
-    "p99_us",
-    "p99.9_us",
-    "max_us",
-    "errors",
-    "late_sends",
-    "client_cpu_share",
-    "server_queue_us",
-    "server_compute_us",
-    "server_avg_batch",
-]
-
-
-def _row(lv: LevelResult) -> list[str]:
-    lat = lv.latency_us
-    srv = lv.server or {}
-    errors = sum(lv.errors.values())
-    return [
-        lv.label,
-        f"{lv.throughput:,.0f}",
-        *(f"{lat[k]:,.0f}" if k in lat else "-" for k in ("p50", "p90", "p95", "p99", "p99.9", "max")),
-        f"{errors}" if errors else "0",
-        f"{lv.late_sends}",
-        f"{lv.client_cpu_share:.0%}",
-        f"{srv['queue_us']:,.0f}" if "queue_us" in srv else "-",
-        f"{srv['compute_us']:,.0f}" if "compute_us" in srv else "-",
-        f"{srv['avg_batch_size']:.1f}" if "avg_batch_size" in srv else "-",
-    ]
+CSV_PREFIX = ["target", "mode", "level", "requests", "ok", "throughput"]
 
 
 def client_line(machine: dict[str, Any]) -> str:
@@ -67,36 +32,21 @@ def client_line(machine: dict[str, Any]) -> str:
 
 def print_report(report: BenchReport, console: Console) -> None:
     c = report.config
+    mode = MODES[c.mode]
     kind = "closed loop" if c.concurrency else ("Poisson" if c.poisson else "constant") + " open loop"
-    title = f"{c.model} @ {c.url} ({kind})"
-    table = Table(title=title)
-    for col in (
-        "load",
-        "req/s",
-        "p50 µs",
-        "p90 µs",
-        "p95 µs",
-        "p99 µs",
-        "p99.9 µs",
-        "max µs",
-        "errors",
-        "late",
-        "client CPU",
-        "srv queue µs",
-        "srv compute µs",
-        "avg batch",
-    ):
-        table.add_column(col, justify="left" if col == "load" else "right")
+    table = Table(title=mode.title(c, kind))
+    columns = mode.columns()
+    table.add_column("load", justify="left")
+    for title, _ in columns:
+        table.add_column(title, justify="right")
     for lv in report.levels:
-        table.add_row(*_row(lv))
+        table.add_row(lv.label, *(cell(lv) for _, cell in columns))
     console.print(table)
+    for line in mode.footer(c):
+        console.print(line)
     console.print(client_line(report.machine))
     if report.calibration:
-        cal = report.calibration
-        console.print(
-            f"calibration: against a null server the tool measures p50 {cal['null_server_p50_us']:.0f} µs, "
-            f"p99 {cal['null_server_p99_us']:.0f} µs (its own overhead plus loopback)"
-        )
+        console.print(mode.calibration_line(report.calibration))
     if report.cold_start:
         cs = report.cold_start
         console.print(
@@ -113,78 +63,52 @@ def print_report(report: BenchReport, console: Console) -> None:
                 f"(p99 lateness {lv.late_send_p99_ms:.2f} ms); the generator could not keep up "
                 f"with {c.workers} client process(es): try --workers {c.workers + 1}[/yellow]"
             )
-        for st in lv.stalls:
-            console.print(
-                f"[red]{lv.label}: stall: {st['requests']:.0f} requests scheduled between "
-                f"{st['start_s']:.2f} s and {st['end_s']:.2f} s took up to {st['max_ms']:.0f} ms[/red]"
-            )
-        if not lv.stable:
-            console.print(f"[yellow]{lv.label}: not stable after {lv.windows} windows[/yellow]")
+        for line in mode.notes(lv):
+            console.print(line)
     if report.compare:
-        cmp = Table(
-            title=f"B = {c.compare_url} against A = {c.url} (medians of {c.rounds} interleaved rounds)"
+        _print_compare(report, console)
+
+
+def _print_compare(report: BenchReport, console: Console) -> None:
+    c = report.config
+    mode = MODES[c.mode]
+    b = c.compare_url or ""
+    if c.compare_extra_body:
+        b += f" with {json.dumps(c.compare_extra_body)}"
+    table = Table(title=f"B = {b} against A = {c.url} (medians of {c.rounds} interleaved rounds)")
+    table.add_column("load", justify="left")
+    keys = mode.ratio_figures
+    names = {"throughput": "req/s"}
+    if mode.compare_values:
+        for k in keys:
+            table.add_column(f"A {names.get(k, k)}", justify="right")
+            table.add_column(f"B {names.get(k, k)}", justify="right")
+    for k in keys:
+        table.add_column(f"B/A {names.get(k, k)}", justify="right")
+    for row in report.compare:
+        a, bb, r = row["a"], row["b"], row["b_over_a"]
+        values = [f"{x[k]:,.0f}" for k in keys for x in (a, bb)] if mode.compare_values else []
+        table.add_row(
+            f"{row['level']:g}", *values, *(f"{r[k]:.2f}" if r[k] is not None else "-" for k in keys)
         )
-        for col in (
-            "load",
-            "A req/s",
-            "B req/s",
-            "A p50 µs",
-            "B p50 µs",
-            "A p99 µs",
-            "B p99 µs",
-            "B/A req/s",
-            "B/A p50",
-            "B/A p99",
-        ):
-            cmp.add_column(col, justify="left" if col == "load" else "right")
-        for row in report.compare:
-            a, b, r = row["a"], row["b"], row["b_over_a"]
-            cmp.add_row(
-                f"{row['level']:g}",
-                f"{a['throughput']:,.0f}",
-                f"{b['throughput']:,.0f}",
-                f"{a.get('p50', 0):,.0f}",
-                f"{b.get('p50', 0):,.0f}",
-                f"{a.get('p99', 0):,.0f}",
-                f"{b.get('p99', 0):,.0f}",
-                *(f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("throughput", "p50", "p99")),
-            )
-        console.print(cmp)
+    console.print(table)
 
 
-class _Dumpable(Protocol):
-    def as_dict(self) -> dict[str, Any]: ...
-
-
-def write_json(report: _Dumpable, path: Path) -> None:
-    """Write ``report.as_dict()`` (a tensor or an LLM report) as indented JSON."""
+def write_json(report: BenchReport, path: Path) -> None:
+    """Write ``report.as_dict()`` as indented JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report.as_dict(), indent=2))
 
 
 def write_csv(report: BenchReport, path: Path) -> None:
+    """One row per level and target: the mode's figures after the columns all modes share."""
+    mode = MODES[report.config.mode]
     path.parent.mkdir(parents=True, exist_ok=True)
     targets = [(report.config.url, report.levels), (report.config.compare_url, report.compare_levels)]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
+        w.writerow([*CSV_PREFIX, *mode.csv_columns])
         for url, levels in targets:
             for lv in levels:
-                lat, srv = lv.latency_us, lv.server or {}
-                w.writerow(
-                    [
-                        url,
-                        lv.mode,
-                        lv.level,
-                        lv.requests,
-                        lv.ok,
-                        round(lv.throughput, 2),
-                        *(lat.get(k, "") for k in ("p50", "p90", "p95", "p99", "p99.9", "max")),
-                        sum(lv.errors.values()),
-                        lv.late_sends,
-                        round(lv.client_cpu_share, 3),
-                        srv.get("queue_us", ""),
-                        srv.get("compute_us", ""),
-                        srv.get("avg_batch_size", ""),
-                    ]
-                )
+                shared = [url, lv.mode, lv.level, lv.requests, lv.ok, round(lv.throughput, 3)]
+                w.writerow([*shared, *mode.csv_row(lv)])

@@ -1,4 +1,7 @@
-"""Turn raw request records into the numbers a benchmark reports."""
+"""Turn request records into the numbers a benchmark reports: the helpers every mode uses
+(HDR percentiles, errors by kind, late sends, the client's CPU share) and the summary of the
+request/response modes (tensors, embeddings). The LLM mode's figures build on these
+(bench/llm_results.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +11,19 @@ from typing import Any
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from milliserve.bench.loadgen import CONNECT_ERROR, Records
+from milliserve.bench.records import CONNECT_ERROR, Records
 
 __all__ = [
     "LATE_SEND_S",
     "PERCENTILES",
     "LevelResult",
+    "client_cpu_share",
     "error_key",
+    "errors_by_kind",
     "find_stalls",
     "hdr_percentiles",
+    "lateness",
+    "level_label",
     "summarize",
 ]
 
@@ -44,16 +51,18 @@ class LevelResult:
     windows: int = 1
     stable: bool = True
     stalls: list[dict[str, float]] = field(default_factory=list)
+    inputs_per_s: float | None = None  # embeddings: texts embedded per second
     # for plots only (not serialised): schedule offset (s) and latency (µs) of each request
     timeline: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = field(default=None, repr=False)
     histogram: HdrHistogram | None = field(default=None, repr=False)
 
     @property
     def label(self) -> str:
-        return f"concurrency {self.level:g}" if self.mode == "closed" else f"{self.level:g} req/s"
+        return level_label(self.mode, self.level)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        extra = {} if self.inputs_per_s is None else {"inputs_per_s": round(self.inputs_per_s, 2)}
+        return extra | {
             "mode": self.mode,
             "level": self.level,
             "duration_s": round(self.duration_s, 3),
@@ -70,6 +79,10 @@ class LevelResult:
             "stable": self.stable,
             "stalls": self.stalls,
         }
+
+
+def level_label(mode: str, level: float) -> str:
+    return f"concurrency {level:g}" if mode == "closed" else f"{level:g} req/s"
 
 
 def hdr_percentiles(values_us: np.ndarray[Any, Any]) -> tuple[dict[str, float], HdrHistogram]:
@@ -104,6 +117,31 @@ def error_key(status: int, messages: dict[int, str], kinds: dict[int, str] | Non
     return f"{kind}: {msg}" if msg else kind
 
 
+def errors_by_kind(
+    statuses: np.ndarray[Any, Any], messages: dict[int, str], kinds: dict[int, str] | None = None
+) -> dict[str, int]:
+    """How many of the failed ``statuses`` fell to each kind (``error_key``)."""
+    errors: dict[str, int] = {}
+    for s in statuses:
+        key = error_key(int(s), messages, kinds)
+        errors[key] = errors.get(key, 0) + 1
+    return errors
+
+
+def lateness(rec: Records, keep: np.ndarray[Any, Any]) -> tuple[int, float]:
+    """Of the requests ``keep`` selects: how many left more than LATE_SEND_S after their
+    scheduled instant, and the p99 of that lateness in ms."""
+    late = (rec.sent - rec.intended)[keep]
+    if not late.size:
+        return 0, 0.0
+    return int((late > LATE_SEND_S).sum()), float(np.percentile(late, 99) * 1e3)
+
+
+def client_cpu_share(rec: Records, run_s: float, cores: int) -> float:
+    """The client processes' CPU time as a share of the machine over ``run_s``."""
+    return rec.cpu_s / (run_s * cores) if run_s > 0 else 0.0
+
+
 def find_stalls(
     offsets: np.ndarray[Any, Any], latency_us: np.ndarray[Any, Any], p50_us: float
 ) -> list[dict[str, float]]:
@@ -126,46 +164,45 @@ def summarize(
     mode: str,
     level: float,
     rec: Records,
-    measure_from: float,
-    measure_to: float,
+    window_s: float,
     cores: int,
     run_s: float,
     windows: int = 1,
     stable: bool = True,
+    inputs_per_request: int | None = None,
 ) -> LevelResult:
-    """Summarise the requests scheduled in [measure_from, measure_to) (monotonic instants).
+    """Summarise the measured requests, those scheduled in the level's measured window of
+    ``window_s`` seconds (request/response modes).
 
-    Latency runs from each request's scheduled instant, which in the open loop is
-    the corrected latency; in the closed loop the schedule is the send. ``run_s``
-    is the wall time the workers ran (warmup included), for their CPU share.
+    Latency runs from each request's scheduled instant, which in the open loop is the
+    corrected latency; in the closed loop the schedule is the send. ``run_s`` is the wall
+    time the workers ran (warmup included), for their CPU share; ``inputs_per_request``
+    (embeddings) adds the inputs per second.
     """
-    keep = (rec.intended >= measure_from) & (rec.intended < measure_to)
-    intended, sent, done, status = rec.intended[keep], rec.sent[keep], rec.done[keep], rec.status[keep]
+    keep = rec.measured
+    intended, done, status = rec.intended[keep], rec.done[keep], rec.status[keep]
     latency_us = np.maximum((done - intended) * 1e6, 1.0)
     ok = status == 200
     pct, hist = hdr_percentiles(latency_us[ok])
-    window = measure_to - measure_from
-    errors: dict[str, int] = {}
-    for s in status[~ok]:
-        key = error_key(int(s), rec.messages)
-        errors[key] = errors.get(key, 0) + 1
-    lateness = sent - intended
-    offsets = intended - measure_from
+    late, late_p99 = lateness(rec, keep)
+    offsets = intended - (intended.min() if intended.size else 0.0)
+    throughput = float(ok.sum() / window_s) if window_s > 0 else 0.0
     return LevelResult(
         mode=mode,
         level=level,
-        duration_s=window,
+        duration_s=window_s,
         requests=int(keep.sum()),
         ok=int(ok.sum()),
-        throughput=float(ok.sum() / window) if window > 0 else 0.0,
+        throughput=throughput,
         latency_us=pct,
-        errors=errors,
-        late_sends=int((lateness > LATE_SEND_S).sum()),
-        late_send_p99_ms=float(np.percentile(lateness, 99) * 1e3) if lateness.size else 0.0,
-        client_cpu_share=rec.cpu_s / (run_s * cores) if run_s > 0 else 0.0,
+        errors=errors_by_kind(status[~ok], rec.messages),
+        late_sends=late,
+        late_send_p99_ms=late_p99,
+        client_cpu_share=client_cpu_share(rec, run_s, cores),
         windows=windows,
         stable=stable,
         stalls=find_stalls(offsets[ok], latency_us[ok], pct.get("p50", 0.0)),
+        inputs_per_s=None if inputs_per_request is None else throughput * inputs_per_request,
         timeline=(offsets, latency_us),
         histogram=hist,
     )

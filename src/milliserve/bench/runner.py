@@ -1,6 +1,11 @@
-"""``milliserve bench`` as a library: sweep load levels against an OIP server and
-measure each honestly (warmup excluded, open-loop latency from the schedule,
-windows until stable, server-side split, A/B comparison)."""
+"""``milliserve bench`` as a library: sweep load levels against a server and measure each
+honestly (warmup excluded, open-loop latency from the schedule, windows until stable,
+server-side split, A/B comparison), in any mode: tensors over the Open Inference Protocol,
+streamed completions from an OpenAI-compatible server (``llm``), or OpenAI embeddings.
+
+What differs between the modes (what a request is, which figures a level has) lives in
+bench/modes.py; the load, the levels, the rounds and the report are the same code for all.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from milliserve._version import __version__
-from milliserve.bench.calibration import calibrate
 from milliserve.bench.cold_start import measure_cold_start
-from milliserve.bench.loadgen import Records, WorkerPool
-from milliserve.bench.results import LevelResult, summarize
+from milliserve.bench.loadgen import WorkerPool
+from milliserve.bench.modes import MODES, Level, Mode, Window
+from milliserve.bench.options import BenchConfig
+from milliserve.bench.records import Records
 from milliserve.bench.server_metrics import scrape, server_split
-from milliserve.bench.workload import Workload, build_workload, parse_target
+from milliserve.bench.workload import Workload
 from milliserve.errors import ConfigError
 
 __all__ = [
@@ -31,13 +36,12 @@ __all__ = [
     "run_bench",
 ]
 
-Progress = Callable[[str, float], None]  # (what is running, its planned seconds)
+Progress = Callable[[str, float], None]  # (what is running, its planned seconds; 0: unknown)
 
 # One load-generating process unless asked for more. On a small machine the client shares
 # the cores with the server it measures: at 1000 req/s on 2 vCPUs, one process per core
-# (2) read p50 633-790 µs where one read 448-490 µs and a minimal busy-wait client
-# ~380 µs (docs/bench.md, "Which clock is right"). More processes are for rates that one
-# cannot send on time, which the late-send count reports.
+# (2) read p50 633-790 µs where one read 448-490 µs (docs/bench.md, "Which clock is right").
+# More processes are for rates that one cannot send on time, which the late-send count reports.
 DEFAULT_WORKERS = 1
 
 
@@ -49,84 +53,38 @@ def client_workers(requested: int) -> int:
 
 
 @dataclass
-class BenchConfig:
-    url: str
-    model: str
-    version: str = ""
-    concurrency: list[int] = field(default_factory=list)
-    rates: list[float] = field(default_factory=list)
-    poisson: bool = True
-    duration_s: float = 5.0
-    warmup_s: float = 1.0
-    stability_pct: float | None = None  # set: windows of window_s until 3 agree within this
-    window_s: float = 2.0
-    max_windows: int = 10
-    batch: int = 1
-    data: str = "random"
-    zipf: float | None = None  # with data FILE.txt: a Zipf stream over its texts
-    text_input: str | None = None  # with data FILE.txt: the BYTES input (default from metadata)
-    shapes: dict[str, list[int]] = field(default_factory=dict)
-    binary: bool = True
-    split_writes: bool = False  # HTTP: head and body in two sends, like libcurl
-    workers: int = 0  # 0: DEFAULT_WORKERS (see client_workers)
-    metrics_url: str | None = None
-    compare_url: str | None = None
-    rounds: int = 3
-    calibrate: bool = True  # measure the tool against a null server first
-    cold_start: bool = False  # unload + load through the repository API first
-
-    def check(self) -> None:
-        """Raise ConfigError for arguments that cannot work, naming them."""
-        if not self.concurrency and not self.rates:
-            self.concurrency = [1]
-        if self.concurrency and self.rates:
-            raise ConfigError("give --concurrency or --rate, not both")
-        if any(c < 1 for c in self.concurrency):
-            raise ConfigError(f"--concurrency values must be >= 1, got {self.concurrency}")
-        if any(r <= 0 for r in self.rates):
-            raise ConfigError(f"--rate values must be > 0 requests per second, got {self.rates}")
-        if self.duration_s <= 0 or self.warmup_s < 0:
-            raise ConfigError("--duration must be > 0 and --warmup >= 0 seconds")
-
-    def levels(self) -> list[tuple[str, float]]:
-        return [("closed", float(c)) for c in self.concurrency] or [("open", float(r)) for r in self.rates]
-
-
-@dataclass
 class BenchReport:
     config: BenchConfig
     machine: dict[str, Any]
-    levels: list[LevelResult]
+    levels: list[Level]
     compare: list[dict[str, Any]] = field(default_factory=list)
-    compare_levels: list[LevelResult] = field(default_factory=list)
+    compare_levels: list[Level] = field(default_factory=list)
     calibration: dict[str, Any] | None = None
     cold_start: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        from milliserve._version import __version__
+
         c = self.config
-        return {
+        compare: dict[str, Any] | None = None
+        if c.compare_url:
+            compare = {"target": c.compare_url, "levels": self.compare}
+            if c.mode == "llm":
+                compare["extra_body"] = c.compare_extra_body
+        doc: dict[str, Any] = {
             "tool": "milliserve bench",
             "version": __version__,
             "target": c.url,
             "model": c.model,
-            "config": {
-                "mode": "closed" if c.concurrency else "open",
-                "arrivals": "poisson" if c.poisson else "constant",
-                "duration_s": c.duration_s,
-                "warmup_s": c.warmup_s,
-                "stability_pct": c.stability_pct,
-                "batch": c.batch,
-                "data": c.data,
-                "binary": c.binary,
-                "split_writes": c.split_writes,
-                "workers": c.workers,
-            },
+            "config": MODES[c.mode].config_doc(c),
             "machine": self.machine,
             "levels": [lv.as_dict() for lv in self.levels],
-            "compare": {"target": c.compare_url, "levels": self.compare} if c.compare_url else None,
+            "compare": compare,
             "calibration": self.calibration,
-            "cold_start": self.cold_start,
         }
+        if c.mode == "tensor":
+            doc["cold_start"] = self.cold_start
+        return doc
 
 
 def machine_info(workers: int) -> dict[str, Any]:
@@ -149,49 +107,36 @@ def machine_info(workers: int) -> dict[str, Any]:
 def _measure(
     pool: WorkerPool,
     cfg: BenchConfig,
-    mode: str,
+    load: str,
     level: float,
     metrics_url: str | None,
     progress: Progress | None,
     label: str,
-) -> LevelResult:
-    cores = os.cpu_count() or 1
-    before = scrape(metrics_url, cfg.model) if metrics_url else None
+) -> Level:
+    mode = MODES[cfg.mode]
+    assert cfg.duration_s is not None
+    before = scrape(metrics_url, cfg.model or "") if metrics_url else None
     if cfg.stability_pct is None:
         if progress:
-            progress(label, cfg.warmup_s + cfg.duration_s)
+            progress(label, 0.0 if cfg.requests else cfg.warmup_s + cfg.duration_s)
         t0 = time.monotonic()
-        rec = pool.run(mode, level, cfg.warmup_s + cfg.duration_s, cfg.poisson, seed=int(level))
-        start = float(rec.intended.min()) if rec.intended.size else t0
-        result = summarize(
-            mode,
-            level,
-            rec,
-            start + cfg.warmup_s,
-            start + cfg.warmup_s + cfg.duration_s,
-            cores,
-            time.monotonic() - t0,
-        )
+        rec = pool.run_job(load, level, cfg.duration_s, cfg.poisson, int(level), cfg.warmup_s, cfg.requests)
+        result = mode.summarize(cfg, load, level, rec, Window(time.monotonic() - t0, cfg.duration_s))
     else:
-        result = _until_stable(pool, cfg, mode, level, cores, progress, label)
-    after = scrape(metrics_url, cfg.model) if metrics_url else None
-    result.server = server_split(before, after)
+        result = _until_stable(pool, cfg, load, level, progress, label)
+    if metrics_url:
+        mode.add_server_split(result, server_split(before, scrape(metrics_url, cfg.model or "")))
     return result
 
 
 def _until_stable(
-    pool: WorkerPool,
-    cfg: BenchConfig,
-    mode: str,
-    level: float,
-    cores: int,
-    progress: Progress | None,
-    label: str,
-) -> LevelResult:
+    pool: WorkerPool, cfg: BenchConfig, load: str, level: float, progress: Progress | None, label: str
+) -> Level:
     """perf_analyzer's method: windows until the last three agree within stability_pct
     on throughput and p99 (or max_windows is reached, reported as not stable)."""
     assert cfg.stability_pct is not None
-    windows: list[tuple[Records, float, float, float]] = []
+    mode = MODES[cfg.mode]
+    windows: list[tuple[Records, float]] = []
     tol = cfg.stability_pct / 100
     stable = False
     for i in range(cfg.max_windows):
@@ -199,12 +144,14 @@ def _until_stable(
         if progress:
             progress(f"{label} window {i + 1}", warm + cfg.window_s)
         t0 = time.monotonic()
-        rec = pool.run(mode, level, warm + cfg.window_s, cfg.poisson, seed=int(level) * 100 + i)
-        start = float(rec.intended.min()) + warm if rec.intended.size else t0
-        windows.append((rec, start, start + cfg.window_s, time.monotonic() - t0))
+        rec = pool.run_job(load, level, cfg.window_s, cfg.poisson, int(level) * 100 + i, warm)
+        windows.append((rec, time.monotonic() - t0))
         if len(windows) >= 3:
-            last = [summarize(mode, level, r, a, b, cores, s) for r, a, b, s in windows[-3:]]
-            for values in ([x.throughput for x in last], [x.latency_us.get("p99", 0.0) for x in last]):
+            last = [mode.summarize(cfg, load, level, r, Window(s, cfg.window_s)) for r, s in windows[-3:]]
+            for values in (
+                [mode.figure(x, "throughput") for x in last],
+                [mode.figure(x, "p99") for x in last],
+            ):
                 mean = statistics.fmean(values)
                 if mean <= 0 or any(abs(v - mean) > tol * mean for v in values):
                     break
@@ -212,108 +159,80 @@ def _until_stable(
                 stable = True
                 break
     tail = windows[-3:]
-    merged = Records.merge([r for r, *_ in tail])
-    # stitch the windows' measured spans end to end: summarise each span, report over the union
-    spans = [(a, b) for _, a, b, _ in tail]
-    keep_from = min(a for a, _ in spans)
-    keep_to = max(b for _, b in spans)
-    result = summarize(
-        mode,
-        level,
-        merged,
-        keep_from,
-        keep_to,
-        cores,
-        sum(s for *_, s in tail),
-        windows=len(windows),
-        stable=stable,
+    # the windows' measured spans end to end: throughput over their sum
+    merged = Records.merge([r for r, _ in tail])
+    run_s = sum(s for _, s in tail)
+    return mode.summarize(
+        cfg, load, level, merged, Window(run_s, cfg.window_s * len(tail), len(windows), stable)
     )
-    measured = sum(b - a for a, b in spans)
-    result.throughput = result.ok / measured if measured else 0.0
-    result.duration_s = measured
-    return result
+
+
+def _workload(cfg: BenchConfig, url: str, extra_body: dict[str, Any]) -> Any:
+    return MODES[cfg.mode].workload(cfg, url, extra_body)
 
 
 def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport:
     """Run the sweep (and the A/B comparison when ``compare_url`` is set).
 
-    Raises ConfigError for bad arguments, an unreachable target, an unknown model
-    or shapes that do not fit it.
+    Raises ConfigError for bad arguments, an unreachable target, an unknown model, shapes
+    that do not fit it, prompts or texts that cannot be read, or (without a model) a server
+    that cannot say which model it serves. Errors of the requests themselves (refused
+    connections, HTTP errors, cut streams) are counted per level.
     """
     cfg.check()
-
-    def workload_for(url: str) -> Workload:
-        w = build_workload(
-            parse_target(url),
-            cfg.model,
-            cfg.version,
-            cfg.batch,
-            cfg.data,
-            cfg.shapes,
-            cfg.binary,
-            zipf=cfg.zipf,
-            text_input=cfg.text_input,
-        )
-        w.split_writes = cfg.split_writes
-        return w
-
-    workload = workload_for(cfg.url)
+    mode = MODES[cfg.mode]
+    mode.check(cfg)
+    workload = _workload(cfg, cfg.url, cfg.extra_body)
+    cfg.model = workload.model
     workers = cfg.workers = client_workers(cfg.workers)
-    pools: list[tuple[WorkerPool, str | None, Workload]] = [
-        (WorkerPool(workload, workers), cfg.metrics_url, workload)
-    ]
-    if cfg.compare_url:
-        other = workload_for(cfg.compare_url)
-        pools.append((WorkerPool(other, workers), None, other))
+    pools: list[tuple[WorkerPool, str | None]] = [(WorkerPool(workload, workers), cfg.metrics_url)]
     report = BenchReport(cfg, machine_info(workers), [])
-    if cfg.calibrate:
-        if progress:
-            progress("calibrating against a null server", 1.3)
-        report.calibration = calibrate(workers)
-    if cfg.cold_start:
-        if progress:
-            progress("cold start: unload, load, first requests", 5.0)
-        report.cold_start = measure_cold_start(workload).as_dict()
     try:
-        for mode, level in cfg.levels():
-            name = f"concurrency {level:g}" if mode == "closed" else f"{level:g} req/s"
+        if cfg.compare_url:
+            other = _workload(cfg, cfg.compare_url, cfg.extra_body | (cfg.compare_extra_body or {}))
+            pools.append((WorkerPool(other, workers), None))
+        if cfg.calibrate:
+            if progress:
+                progress("calibrating against a zero-latency server", 2.0)
+            report.calibration = mode.calibrate(workers)
+        if cfg.cold_start:
+            assert isinstance(workload, Workload)
+            if progress:
+                progress("cold start: unload, load, first requests", 5.0)
+            report.cold_start = measure_cold_start(workload).as_dict()
+        for load, level in cfg.levels():
+            name = f"concurrency {level:g}" if load == "closed" else f"{level:g} req/s"
             if not cfg.compare_url:
-                report.levels.append(_measure(pools[0][0], cfg, mode, level, cfg.metrics_url, progress, name))
+                report.levels.append(_measure(pools[0][0], cfg, load, level, cfg.metrics_url, progress, name))
                 continue
-            runs: list[list[LevelResult]] = [[], []]
+            runs: list[list[Level]] = [[], []]
             for r in range(cfg.rounds):  # A B A B ...: only ratios from one run mean anything
-                for i, (pool, murl, _) in enumerate(pools):
-                    tag = "A" if i == 0 else "B"
-                    runs[i].append(
-                        _measure(pool, cfg, mode, level, murl, progress, f"{name} {tag} round {r + 1}")
-                    )
-            report.levels.append(_median(runs[0]))
-            report.compare_levels.append(_median(runs[1]))
-            report.compare.append(_ratios(report.levels[-1], report.compare_levels[-1]))
+                for i, (pool, murl) in enumerate(pools):
+                    label = f"{name} {'AB'[i]} round {r + 1}"
+                    runs[i].append(_measure(pool, cfg, load, level, murl, progress, label))
+            report.levels.append(_median(mode, runs[0]))
+            report.compare_levels.append(_median(mode, runs[1]))
+            report.compare.append(_ratios(mode, report.levels[-1], report.compare_levels[-1]))
     finally:
-        for pool, *_ in pools:
+        for pool, _ in pools:
             pool.close()
     return report
 
 
-def _median(results: list[LevelResult]) -> LevelResult:
-    """The round with the median p50 (a real measurement, not a synthetic blend)."""
-    ordered = sorted(results, key=lambda r: r.latency_us.get("p50", float("inf")))
+def _median(mode: Mode, results: list[Level]) -> Level:
+    """The round with the median of the mode's headline latency (a real measurement, not a
+    blend of rounds)."""
+    ordered = sorted(results, key=lambda r: mode.figure(r, mode.median_figure) or float("inf"))
     return ordered[len(ordered) // 2]
 
 
-def _ratios(a: LevelResult, b: LevelResult) -> dict[str, Any]:
-    def ratio(x: float, y: float) -> float | None:
-        return round(y / x, 3) if x else None
-
+def _ratios(mode: Mode, a: Level, b: Level) -> dict[str, Any]:
+    fa = {k: round(mode.figure(a, k), 3) for k in mode.compare_figures}
+    fb = {k: round(mode.figure(b, k), 3) for k in mode.compare_figures}
     return {
         "level": a.level,
         "mode": a.mode,
-        "a": {"throughput": a.throughput, **a.latency_us},
-        "b": {"throughput": b.throughput, **b.latency_us},
-        "b_over_a": {
-            "throughput": ratio(a.throughput, b.throughput),
-            "p50": ratio(a.latency_us.get("p50", 0.0), b.latency_us.get("p50", 0.0)),
-            "p99": ratio(a.latency_us.get("p99", 0.0), b.latency_us.get("p99", 0.0)),
-        },
+        "a": fa,
+        "b": fb,
+        "b_over_a": {k: round(fb[k] / fa[k], 3) if fa[k] else None for k in mode.ratio_figures},
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -15,6 +16,9 @@ from urllib.parse import urlparse
 import numpy as np
 import orjson
 
+from milliserve.bench.grpc_client import GrpcClient
+from milliserve.bench.http_client import HttpClient, HttpRequests
+from milliserve.bench.records import Recorder
 from milliserve.bench.text_stream import read_texts, text_stream
 from milliserve.errors import ConfigError
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
@@ -58,6 +62,22 @@ class Workload:
     def path(self) -> str:
         v = f"/versions/{self.version}" if self.version else ""
         return f"/v2/models/{self.model}{v}/infer"
+
+    def raw_http(self) -> list[tuple[bytes, ...]]:
+        """Each request as the bytes to write: one write, or the head and the body apart."""
+        out: list[tuple[bytes, ...]] = []
+        for body, headers in zip(self.bodies, self.headers, strict=True):
+            head = f"POST {self.path} HTTP/1.1\r\nHost: {self.target.host}:{self.target.port}\r\n"
+            head += f"Content-Length: {len(body)}\r\n"
+            head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+            out.append((head.encode(), body) if self.split_writes else (head.encode() + body,))
+        return out
+
+    def client(self, rec: Recorder, finished: Callable[[int], None]) -> HttpClient | GrpcClient:
+        t = self.target
+        if t.protocol == "grpc":
+            return GrpcClient(t.host, t.port, self.bodies, rec, finished)
+        return HttpClient(HttpRequests(t.host, t.port, self.raw_http()), rec, finished)
 
 
 def parse_target(url: str) -> Target:

@@ -1,6 +1,6 @@
-"""``milliserve bench``: its flags, and the command that runs the tensor mode (any
-Open Inference Protocol server) or, with ``--llm``, the LLM mode (any
-OpenAI-compatible server, streamed completions)."""
+"""``milliserve bench``: its flags, and the command that runs one of its modes: tensors
+(any Open Inference Protocol server, the default), ``--llm`` (streamed completions from
+any OpenAI-compatible server) or ``--embeddings`` (OpenAI's ``/v1/embeddings``)."""
 
 from __future__ import annotations
 
@@ -15,34 +15,31 @@ from milliserve.cli.serve import UsageError
 
 __all__ = ["add_bench_parser"]
 
-# flags of one mode only, with their defaults: given with the other mode they are an error
-_TENSOR_ONLY = {
-    "model_version": "",
-    "stability": None,
-    "window": 2.0,
-    "batch_size": 1,
-    "shape": None,
-    "data": "random",
-    "zipf": None,
-    "text_input": None,
-    "json_tensors": False,
-    "split_writes": False,
-    "metrics_url": None,
-    "cold_start": False,
+# the flags not every mode takes: the modes that take them, and the default that means
+# "not given" (given with another mode, they are an error)
+_T, _E, _L = "tensor", "embeddings", "llm"
+_MODE_FLAGS: dict[str, tuple[frozenset[str], Any]] = {
+    **{k: (frozenset({_T}), d) for k, d in (("model_version", ""), ("shape", None), ("zipf", None))},
+    **{k: (frozenset({_T}), d) for k, d in (("text_input", None), ("json_tensors", False))},
+    **{k: (frozenset({_T}), d) for k, d in (("split_writes", False), ("cold_start", False))},
+    **{k: (frozenset({_T, _E}), d) for k, d in (("stability", None), ("window", 2.0), ("batch_size", 1))},
+    **{k: (frozenset({_T, _E}), None) for k in ("data", "metrics_url")},
+    **{k: (frozenset({_L, _E}), None) for k in ("extra_body", "api_key")},
+    **{
+        k: (frozenset({_L}), None)
+        for k in (
+            "endpoint",
+            "prompts",
+            "max_tokens",
+            "temperature",
+            "compare_extra_body",
+            "requests",
+            "slo_ttft_ms",
+            "slo_itl_ms",
+            "request_timeout",
+        )
+    },
 }
-_LLM_ONLY = (
-    "endpoint",
-    "prompts",
-    "max_tokens",
-    "temperature",
-    "extra_body",
-    "compare_extra_body",
-    "api_key",
-    "requests",
-    "slo_ttft_ms",
-    "slo_itl_ms",
-    "request_timeout",
-)
 
 
 def _levels(text: str, kind: type) -> list:  # type: ignore[type-arg]
@@ -84,17 +81,22 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _mode(args: argparse.Namespace) -> str:
+    return _L if args.llm else _E if args.embeddings else _T
+
+
 def _check_mode(args: argparse.Namespace) -> None:
-    if args.llm:
-        given = [_flag(k) for k, default in _TENSOR_ONLY.items() if getattr(args, k) != default]
-        if given:
-            raise UsageError(f"{', '.join(given)}: not used with --llm")
-    else:
-        given = [_flag(k) for k in _LLM_ONLY if getattr(args, k) is not None]
-        if given:
-            raise UsageError(f"{', '.join(given)}: only with --llm")
-        if not args.model:
-            raise UsageError("the tensor mode needs the model: -m NAME")
+    mode = _mode(args)
+    for name, (modes, default) in _MODE_FLAGS.items():
+        if mode in modes or getattr(args, name) == default:
+            continue
+        if modes == {_L}:
+            raise UsageError(f"{_flag(name)}: only with --llm")
+        if modes == {_L, _E}:
+            raise UsageError(f"{_flag(name)}: only with --llm or --embeddings")
+        raise UsageError(f"{_flag(name)}: not used with --{mode}")
+    if mode == _T and not args.model:
+        raise UsageError("the tensor mode needs the model: -m NAME")
 
 
 @contextmanager
@@ -131,44 +133,56 @@ def _out() -> Any:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from milliserve.bench.report import print_report, write_csv, write_json
+    from milliserve.bench.runner import BenchConfig, run_bench
     from milliserve.plotting import pyplot
 
     _check_mode(args)
     if args.plot:
         pyplot("milliserve bench --plot")  # before the run: fail now if it cannot draw
-    return _bench_llm(args) if args.llm else _bench_tensors(args)
 
-
-def _bench_tensors(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from milliserve.bench.report import print_report, write_csv, write_json
-    from milliserve.bench.runner import BenchConfig, run_bench
+    def given(name: str, default: Any) -> Any:
+        value = getattr(args, name)
+        return default if value is None else value
 
     cfg = BenchConfig(
         url=args.url,
         model=args.model,
-        version=args.model_version or "",
+        mode=_mode(args),
         concurrency=args.concurrency or [],
         rates=args.rate or [],
         poisson=not args.constant,
-        duration_s=5.0 if args.duration is None else args.duration,
+        duration_s=args.duration,
         warmup_s=args.warmup,
+        requests=args.requests,
         stability_pct=args.stability,
         window_s=args.window,
+        workers=args.workers,
+        compare_url=args.compare,
+        rounds=args.rounds,
+        calibrate=not args.no_calibrate,
         batch=args.batch_size,
         data=args.data,
+        metrics_url=args.metrics_url,
+        version=args.model_version or "",
         zipf=args.zipf,
         text_input=args.text_input,
         shapes=dict(args.shape or []),
         binary=not args.json_tensors,
         split_writes=args.split_writes,
-        workers=args.workers,
-        metrics_url=args.metrics_url,
-        compare_url=args.compare,
-        rounds=args.rounds,
-        calibrate=not args.no_calibrate,
         cold_start=args.cold_start,
+        extra_body=given("extra_body", {}),
+        api_key=args.api_key,
+        endpoint=given("endpoint", "chat"),
+        prompts=given("prompts", "builtin:chat"),
+        max_tokens=given("max_tokens", 128),
+        temperature=given("temperature", 0.0),
+        compare_extra_body=args.compare_extra_body,
+        slo_ttft_ms=given("slo_ttft_ms", 1000.0),
+        slo_itl_ms=given("slo_itl_ms", 100.0),
+        timeout_s=given("request_timeout", 300.0),
     )
     with _progress() as step:
         report = run_bench(cfg, step)
@@ -185,64 +199,19 @@ def _bench_tensors(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_llm(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from milliserve.bench.llm_report import print_llm_report, write_llm_csv
-    from milliserve.bench.llm_runner import LlmBenchConfig, run_llm_bench
-    from milliserve.bench.report import write_json
-
-    def given(name: str, default: Any) -> Any:
-        value = getattr(args, name)
-        return default if value is None else value
-
-    cfg = LlmBenchConfig(
-        url=args.url,
-        model=args.model,
-        endpoint=given("endpoint", "chat"),
-        prompts=given("prompts", "builtin:chat"),
-        max_tokens=given("max_tokens", 128),
-        temperature=given("temperature", 0.0),
-        extra_body=given("extra_body", {}),
-        api_key=args.api_key,
-        concurrency=args.concurrency or [],
-        rates=args.rate or [],
-        poisson=not args.constant,
-        duration_s=given("duration", 20.0),
-        warmup_s=args.warmup,
-        requests=args.requests,
-        slo_ttft_ms=given("slo_ttft_ms", 1000.0),
-        slo_itl_ms=given("slo_itl_ms", 100.0),
-        timeout_s=given("request_timeout", 300.0),
-        workers=args.workers,
-        compare_url=args.compare,
-        compare_extra_body=args.compare_extra_body,
-        rounds=args.rounds,
-        calibrate=not args.no_calibrate,
-    )
-    with _progress() as step:
-        report = run_llm_bench(cfg, step)
-    print_llm_report(report, _out())
-    if args.json:
-        write_json(report, args.json)
-    if args.csv:
-        write_llm_csv(report, args.csv)
-    if args.plot:
-        from milliserve.bench.plots import write_llm_plots
-
-        for path in write_llm_plots(report, args.plot):
-            Console(stderr=True).print(f"wrote {path}")
-    return 0
-
-
 def add_bench_parser(sub: Any) -> None:
     """Add ``bench`` to the subcommands ``sub`` (argparse's ``add_subparsers()``)."""
     b = sub.add_parser(
         "bench",
-        help="measure latency and throughput of any OIP server, or with --llm any OpenAI-compatible one",
+        help="measure latency and throughput of any OIP server, or with --llm or --embeddings any "
+        "OpenAI-compatible one",
     )
-    b.add_argument("url", help="http://host:port or grpc://host:port (--llm: http(s)://host:port[/v1])")
-    b.add_argument("-m", "--model", default=None, help="the model (--llm: default the first of /v1/models)")
+    b.add_argument(
+        "url", help="http://host:port or grpc://host:port (--llm, --embeddings: http://host:port[/v1])"
+    )
+    b.add_argument(
+        "-m", "--model", default=None, help="the model (--llm, --embeddings: default the first of /v1/models)"
+    )
     b.add_argument("--model-version", default="")
     load = b.add_mutually_exclusive_group()
     load.add_argument(
@@ -264,14 +233,21 @@ def add_bench_parser(sub: Any) -> None:
         help="run windows until 3 agree within PCT%% on throughput and p99 (like perf_analyzer -s)",
     )
     b.add_argument("--window", type=float, default=2.0, help="window seconds with --stability (default 2)")
-    b.add_argument("-b", "--batch-size", type=int, default=1)
+    b.add_argument(
+        "-b",
+        "--batch-size",
+        type=int,
+        default=1,
+        help="the batch dimension (--embeddings: texts per request)",
+    )
     b.add_argument(
         "--shape", action="append", type=_shape, metavar="NAME:DIMS", help="dims of a variable input"
     )
     b.add_argument(
         "--data",
-        default="random",
-        help="random, zero, a JSON file of OIP request bodies, or a .txt file of texts (one per line)",
+        default=None,
+        help="random (default), zero, a JSON file of OIP request bodies, or a .txt file of texts "
+        "(one per line); --embeddings: builtin (default) or a .txt file of texts",
     )
     b.add_argument(
         "--zipf", type=float, default=None, metavar="S", help="with --data FILE.txt: Zipf-distributed repeats"
@@ -302,8 +278,27 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--json", type=Path, default=None, help="write the results as JSON")
     b.add_argument("--csv", type=Path, default=None, help="write the results as CSV")
     b.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")
+    which = b.add_mutually_exclusive_group()
+    which.add_argument(
+        "--llm",
+        action="store_true",
+        help="streamed completions from an OpenAI-compatible server: TTFT, ITL, tokens/s, goodput",
+    )
+    which.add_argument(
+        "--embeddings",
+        action="store_true",
+        help="OpenAI's /v1/embeddings: latency, requests/s and texts/s (-b texts per request, --data texts)",
+    )
+    both = b.add_argument_group("--llm and --embeddings")
+    both.add_argument(
+        "--extra-body",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="merged into each request body, e.g. '{\"ignore_eos\": true}' or '{\"dimensions\": 128}'",
+    )
+    both.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
     llm = b.add_argument_group("LLM mode (--llm): streamed completions from an OpenAI-compatible server")
-    llm.add_argument("--llm", action="store_true", help="measure TTFT, ITL, tokens/s and goodput")
     llm.add_argument("--endpoint", choices=("chat", "completions"), default=None, help="default chat")
     llm.add_argument(
         "--prompts",
@@ -315,13 +310,6 @@ def add_bench_parser(sub: Any) -> None:
     llm.add_argument("--max-tokens", type=int, default=None, help="per request (default 128)")
     llm.add_argument("--temperature", type=float, default=None, help="default 0")
     llm.add_argument(
-        "--extra-body",
-        type=_json_object,
-        default=None,
-        metavar="JSON",
-        help="merged into each request body, e.g. '{\"ignore_eos\": true}'",
-    )
-    llm.add_argument(
         "--compare-extra-body",
         type=_json_object,
         default=None,
@@ -329,7 +317,6 @@ def add_bench_parser(sub: Any) -> None:
         help="B's requests add this to --extra-body; without --compare, B is the same server "
         "(A/B of a request option, e.g. '{\"speculative\": false}')",
     )
-    llm.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
     llm.add_argument(
         "--requests", type=int, default=None, metavar="N", help="measure N requests per level, not --duration"
     )

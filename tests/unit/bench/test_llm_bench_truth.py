@@ -13,21 +13,22 @@ import numpy as np
 import pytest
 
 from milliserve.bench.fake_openai import fake_openai_process
-from milliserve.bench.llm_loadgen import COOLDOWN, MEASURED, WARMUP, LlmRecords, run_llm_job
 from milliserve.bench.llm_prompts import load_prompts
-from milliserve.bench.llm_runner import LlmBenchConfig, run_llm_bench
-from milliserve.bench.llm_workload import build_llm_workload, parse_llm_target
-from milliserve.bench.loadgen import Job
+from milliserve.bench.llm_workload import build_llm_workload
+from milliserve.bench.loadgen import Job, run_job
+from milliserve.bench.openai_target import parse_api_target
+from milliserve.bench.records import COOLDOWN, MEASURED, WARMUP, Records
+from milliserve.bench.runner import BenchConfig, run_bench
 
 
-def job_records(url: str, mode: str, level: float, **kw: object) -> LlmRecords:
+def job_records(url: str, mode: str, level: float, **kw: object) -> Records:
     """One job in this process (no worker process), starting now."""
-    w = build_llm_workload(parse_llm_target(url), "fake-llm", load_prompts("builtin:chat"), max_tokens=8)
+    w = build_llm_workload(parse_api_target(url), "fake-llm", load_prompts("builtin:chat"), max_tokens=8)
     job = Job(mode, level, time.monotonic() + 0.05, **kw)  # type: ignore[arg-type]
-    return asyncio.run(run_llm_job(w, job))
+    return asyncio.run(run_job(w, job))
 
 
-def others_busy(rec: LlmRecords, i: int) -> float:
+def others_busy(rec: Records, i: int) -> float:
     """How many other requests were in flight during request i, on average over its time."""
     overlap = np.minimum(rec.done, rec.done[i]) - np.maximum(rec.sent, rec.sent[i])
     overlap[i] = 0.0
@@ -54,7 +55,8 @@ def test_an_open_loop_sends_on_schedule_and_measures_from_it() -> None:
     m = rec.phase == MEASURED
     assert m.sum() == 5 and (rec.status == 200).all()
     assert np.diff(np.sort(rec.intended)) == pytest.approx(0.05)  # constant arrivals at 20/s
-    first = rec.chunk_t[rec.offsets[:-1]]
+    assert rec.streams is not None
+    first = rec.streams.chunk_t[rec.streams.offsets[:-1]]
     assert (first - rec.intended >= 0.020).all()  # TTFT runs from the schedule, past the server's 20 ms
 
 
@@ -74,8 +76,8 @@ def test_the_sweep_reports_floors_it_cannot_beat_and_every_request() -> None:
     with fake_openai_process(
         "--ttft-ms", "30", "--itl-ms", "5", "--tokens", "8", "--continuous-usage"
     ) as url:
-        cfg = LlmBenchConfig(url=url, concurrency=[1, 2], requests=4, warmup_s=0.1, calibrate=False)
-        report = run_llm_bench(cfg)
+        cfg = BenchConfig(mode="llm", url=url, concurrency=[1, 2], requests=4, warmup_s=0.1, calibrate=False)
+        report = run_bench(cfg)
     assert cfg.model == "fake-llm" and cfg.workers == 1  # asked of /v1/models; one client process
     for lv in report.levels:
         assert lv.requests == lv.ok == 4 and lv.errors == {}
@@ -94,10 +96,17 @@ def test_compare_runs_both_targets_in_turn_and_reports_ratios() -> None:
         fake_openai_process("--ttft-ms", "10", "--tokens", "4") as fast,
         fake_openai_process("--ttft-ms", "60", "--tokens", "4") as slow,
     ):
-        cfg = LlmBenchConfig(
-            url=fast, compare_url=slow, concurrency=[1], requests=3, warmup_s=0.1, rounds=2, calibrate=False
+        cfg = BenchConfig(
+            mode="llm",
+            url=fast,
+            compare_url=slow,
+            concurrency=[1],
+            requests=3,
+            warmup_s=0.1,
+            rounds=2,
+            calibrate=False,
         )
-        report = run_llm_bench(cfg)
+        report = run_bench(cfg)
     (row,) = report.compare
     a, b, ratio = row["a"], row["b"], row["b_over_a"]
     assert ratio["ttft_p50"] == round(b["ttft_p50"] / a["ttft_p50"], 3)
@@ -108,10 +117,10 @@ def test_compare_runs_both_targets_in_turn_and_reports_ratios() -> None:
 
 def test_errors_are_counted_and_the_run_goes_on() -> None:
     with fake_openai_process("--tokens", "6", "--error-every", "3", "--cut-every", "5") as url:
-        cfg = LlmBenchConfig(
-            url=url, model="any", concurrency=[2], requests=15, warmup_s=0.0, calibrate=False
+        cfg = BenchConfig(
+            mode="llm", url=url, model="any", concurrency=[2], requests=15, warmup_s=0.0, calibrate=False
         )
-        (lv,) = run_llm_bench(cfg).levels
+        (lv,) = run_bench(cfg).levels
     assert lv.requests == 15 and 0 < lv.ok < 15
     assert sum(lv.errors.values()) == lv.requests - lv.ok
     assert {k.split(":")[0] for k in lv.errors} == {"http 500", "stream cut"}
@@ -119,7 +128,8 @@ def test_errors_are_counted_and_the_run_goes_on() -> None:
 
 def test_compare_extra_body_runs_b_on_the_same_server_with_its_options() -> None:
     with fake_openai_process("--tokens", "4") as url:
-        cfg = LlmBenchConfig(
+        cfg = BenchConfig(
+            mode="llm",
             url=url,
             compare_extra_body={"max_tokens": 2},  # the fake honours max_tokens: B's answers are shorter
             concurrency=[1],
@@ -128,7 +138,7 @@ def test_compare_extra_body_runs_b_on_the_same_server_with_its_options() -> None
             rounds=1,
             calibrate=False,
         )
-        report = run_llm_bench(cfg)
+        report = run_bench(cfg)
     assert cfg.compare_url == url
     assert report.levels[0].output_tokens["mean"] == 4 and report.compare_levels[0].output_tokens["mean"] == 2
     assert report.as_dict()["compare"]["extra_body"] == {"max_tokens": 2}

@@ -24,7 +24,8 @@ from milliserve.bench.llm_client import (
     StreamResult,
 )
 from milliserve.bench.llm_prompts import load_prompts
-from milliserve.bench.llm_workload import build_llm_workload, parse_llm_target
+from milliserve.bench.llm_workload import build_llm_workload
+from milliserve.bench.openai_target import parse_api_target
 from milliserve.testing import free_port, wait_until_async
 
 PROMPTS = load_prompts("builtin:chat")[:1]
@@ -54,13 +55,13 @@ def run_against(
         if server:
             await wait_until_async(lambda: _listening(port), 10, "the test server listening")
         w = build_llm_workload(
-            parse_llm_target(f"http://127.0.0.1:{port}"),
+            parse_api_target(f"http://127.0.0.1:{port}"),
             "m",
             PROMPTS,
             max_tokens=max_tokens,
             timeout_s=timeout_s,
         )
-        client = LlmClient(w)
+        client = LlmClient(w.target, w.timeout_s)
         try:
             return [await client.request(w.requests[0]) for _ in range(requests)], len(client.idle)
         finally:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from milliserve.bench.llm_client import STREAM_CUT
-from milliserve.bench.llm_loadgen import COOLDOWN, MEASURED, WARMUP, LlmRecords
 from milliserve.bench.llm_results import Slo, request_itls, summarize_llm
+from milliserve.bench.records import COOLDOWN, MEASURED, WARMUP, Records, Streams
 
 
 @dataclass
@@ -24,7 +24,7 @@ class Req:
     per_chunk: list[float] | None = None  # tokens of each chunk, when the server said
 
 
-def records(reqs: list[Req], messages: dict[int, str] | None = None) -> LlmRecords:
+def records(reqs: list[Req], messages: dict[int, str] | None = None) -> Records:
     chunk_t: list[float] = []
     chunk_k: list[float] = []
     offsets = [0]
@@ -34,21 +34,23 @@ def records(reqs: list[Req], messages: dict[int, str] | None = None) -> LlmRecor
         chunk_t += r.chunks
         chunk_k += r.per_chunk if r.per_chunk is not None else [total / max(n, 1)] * n
         offsets.append(len(chunk_t))
-    return LlmRecords(
+    return Records(
         intended=np.array([r.intended for r in reqs]),
         sent=np.array([r.intended for r in reqs]),
         done=np.array([r.done for r in reqs]),
         status=np.array([r.status for r in reqs], np.int32),
         phase=np.array([r.phase for r in reqs], np.int8),
-        output_tokens=np.array([r.tokens if r.tokens is not None else len(r.chunks) for r in reqs]),
-        usage_known=np.array([r.tokens is not None for r in reqs]),
-        offsets=np.array(offsets),
-        chunk_t=np.array(chunk_t, np.float64),
-        chunk_tokens=np.array(chunk_k, np.float64),
-        chunk_known=np.array([r.per_chunk is not None for r in reqs]),
-        timings=[{"server-timing.queue": float(i)} for i in range(len(reqs))],
         messages=messages or {},
         cpu_s=1.0,
+        streams=Streams(
+            output_tokens=np.array([r.tokens if r.tokens is not None else len(r.chunks) for r in reqs]),
+            usage_known=np.array([r.tokens is not None for r in reqs]),
+            chunk_known=np.array([r.per_chunk is not None for r in reqs]),
+            offsets=np.array(offsets),
+            chunk_t=np.array(chunk_t, np.float64),
+            chunk_tokens=np.array(chunk_k, np.float64),
+            timings=[{"server-timing.queue": float(i)} for i in range(len(reqs))],
+        ),
     )
 
 
@@ -123,8 +125,8 @@ def test_itl_is_per_chunk_unless_the_server_said_per_chunk_how_many_tokens() -> 
 def test_merged_records_keep_each_request_its_chunks() -> None:
     a = records([Req(0.0, 1.0, [0.1, 0.2]), Req(0.0, 1.0, [0.3])])
     b = records([Req(1.0, 2.0, [1.1, 1.2, 1.3])])
-    m = LlmRecords.merge([a, b])
-    assert len(m) == 3
-    assert list(m.offsets) == [0, 2, 3, 6]
-    assert list(m.chunk_t[m.offsets[2] : m.offsets[3]]) == [1.1, 1.2, 1.3]
-    assert m.cpu_s == 2.0 and len(m.timings) == 3
+    m = Records.merge([a, b])
+    assert len(m) == 3 and m.streams is not None
+    assert list(m.streams.offsets) == [0, 2, 3, 6]
+    assert list(m.streams.chunk_t[m.streams.offsets[2] : m.streams.offsets[3]]) == [1.1, 1.2, 1.3]
+    assert m.cpu_s == 2.0 and len(m.streams.timings) == 3

@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from milliserve.bench.llm_prompts import BUILTIN_SETS, load_prompts
-from milliserve.bench.llm_workload import build_llm_workload, parse_llm_target
+from milliserve.bench.llm_workload import build_llm_workload
+from milliserve.bench.openai_target import parse_api_target
 from milliserve.errors import ConfigError
 
 
@@ -68,17 +69,17 @@ def test_unknown_sets_and_missing_files() -> None:
 
 
 def test_targets() -> None:
-    t = parse_llm_target("http://127.0.0.1:8000/v1")
+    t = parse_api_target("http://127.0.0.1:8000/v1")
     assert (t.scheme, t.host, t.port, t.prefix) == ("http", "127.0.0.1", 8000, "")
-    assert parse_llm_target("https://api.example.com/proxy/v1/").prefix == "/proxy"
-    assert parse_llm_target("https://api.example.com").port == 443
-    assert parse_llm_target("localhost:9000").port == 9000
+    assert parse_api_target("https://api.example.com/proxy/v1/").prefix == "/proxy"
+    assert parse_api_target("https://api.example.com").port == 443
+    assert parse_api_target("localhost:9000").port == 9000
     with pytest.raises(ConfigError, match="must look like http://host:port"):
-        parse_llm_target("grpc://127.0.0.1:8001")
+        parse_api_target("grpc://127.0.0.1:8001")
 
 
 def test_requests_stream_with_usage_greedy_and_the_extra_body_last() -> None:
-    target = parse_llm_target("http://127.0.0.1:8000/proxy")
+    target = parse_api_target("http://127.0.0.1:8000/proxy")
     prompts = load_prompts("builtin:chat")[:2]
     w = build_llm_workload(target, "m", prompts, extra_body={"ignore_eos": True, "temperature": 0.5})
     assert len(w.requests) == 2 and w.path == "/proxy/v1/chat/completions"
@@ -96,7 +97,7 @@ def test_requests_stream_with_usage_greedy_and_the_extra_body_last() -> None:
 
 
 def test_bad_workloads_are_named() -> None:
-    target = parse_llm_target("http://127.0.0.1:8000")
+    target = parse_api_target("http://127.0.0.1:8000")
     with pytest.raises(ConfigError, match="--endpoint 'embeddings'"):
         build_llm_workload(target, "m", load_prompts("builtin:chat"), endpoint="embeddings")
     with pytest.raises(ConfigError, match="--max-tokens must be >= 1"):

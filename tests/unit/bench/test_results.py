@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from milliserve.bench.cold_start import requests_to_settle
-from milliserve.bench.loadgen import Records
+from milliserve.bench.records import MEASURED, Records
 from milliserve.bench.results import LATE_SEND_S, find_stalls, summarize
 
 
@@ -13,8 +13,8 @@ def test_late_sends_are_counted_and_latency_runs_from_the_schedule() -> None:
     intended = np.arange(100) * 0.01  # 100 requests a second for 1 s
     sent = intended + LATE_SEND_S / 20
     sent[[10, 20, 30]] += 2.5 * LATE_SEND_S  # three went out 5 ms after their instant
-    rec = Records(intended, sent, sent + 0.001, np.full(100, 200, np.int32))
-    r = summarize("open", 100.0, rec, 0.0, 1.0, cores=2, run_s=1.0)
+    rec = Records(intended, sent, sent + 0.001, np.full(100, 200, np.int32), np.full(100, MEASURED, np.int8))
+    r = summarize("open", 100.0, rec, 1.0, cores=2, run_s=1.0)
     assert r.requests == r.ok == 100 and r.late_sends == 3
     assert r.late_send_p99_ms > 2.5 * LATE_SEND_S * 1e3
     assert r.latency_us["max"] >= 6000  # a late send's wait counts: 5 ms late + 1 ms answer
