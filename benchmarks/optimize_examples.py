@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import unseen_models
 from check_shipped import check, markdown_header, markdown_row
+from report_sections import write_section
 
 from milliserve.examples import digits, sentiment
 from milliserve.examples.fraud_mlp import build_fraud_mlp, synthetic_transactions
@@ -235,6 +237,12 @@ def _int8_target(report: OptimizeReport) -> str:
     return "\n".join(lines) + "\n\n"
 
 
+def _previous(text: str, name: str) -> str:
+    """Section ``name`` of the page as it was, markers included ("" when it had none)."""
+    m = re.search(rf"<!-- section:{re.escape(name)}[ >].*?<!-- /section:{re.escape(name)} -->\n", text, re.S)
+    return m.group(0) if m else ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default=",".join(SECTIONS))
@@ -248,24 +256,18 @@ def main() -> None:
         if name in wanted
     }
     sections |= {name: unseen_section(name, work) for name in unseen_models.MODELS if name in wanted}
-    # keep sections that were not rerun
-    for name in SECTIONS:
-        if name not in sections:
-            marker = f"<!-- section:{name} -->"
-            if marker in previous:
-                sections[name] = previous.split(marker, 1)[1].split("<!-- /section -->", 1)[0].strip("\n")
+    # the page's frame, then each section that was run (the others stay as they were), stamped
     DOC.write_text(
         "# milliserve optimize: measured\n\n"
         "Written by `python benchmarks/optimize_examples.py`. Latencies are in-process on one thread (ONNX "
         "Runtime; OpenVINO for its own variants), every variant of a model timed round-robin in one process "
         "(A B C A B C ...); accuracy is on "
         "the held-out EVAL set. Speed-ups only compare variants measured in the same run.\n\n"
-        + "\n".join(
-            f"<!-- section:{name} -->\n{sections[name]}\n<!-- /section -->\n"
-            for name in SECTIONS
-            if name in sections
-        )
+        + "\n".join(kept for name in SECTIONS if (kept := _previous(previous, name)))
     )
+    for name in SECTIONS:
+        if name in sections:
+            write_section(name, sections[name], DOC)
     print(DOC.read_text())
 
 

@@ -1,8 +1,11 @@
-"""Each benchmark script owns one section of docs/benchmarks.md and rewrites only it; and
-the one way the scripts run a `milliserve bench` level."""
+"""Each benchmark script owns one section of docs/benchmarks.md (or of another doc) and
+rewrites only it, stamped with the script's name and the hash of what it wrote
+(scripts/check_docs.py fails on a section edited by hand); and the one way the scripts run
+a `milliserve bench` level."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -10,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "benchmarks.md"
 HEADER = "# Benchmarks\n\nEach section is written by the script it names; rerun the script to refresh it.\n"
 
 
@@ -21,16 +25,34 @@ def commit() -> str:
     ).stdout.strip()
 
 
+def section_digest(body: str) -> str:
+    """The hash a section's opening marker carries: of the text between its markers, so
+    that scripts/check_docs.py can tell a section edited by hand from one its script wrote."""
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _script() -> str:
+    """The running script, as a path from the repository's root (what a section names)."""
+    path = Path(sys.argv[0]).resolve()
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return path.name
+
+
 def write_section(name: str, body: str, doc: Path = DOC) -> None:
-    """Replace (or append) the section ``name`` of ``doc`` with ``body``."""
+    """Replace (or append) the section ``name`` of ``doc`` with ``body``, its opening marker
+    naming the running script and the hash of ``body``."""
     text = doc.read_text() if doc.exists() else HEADER
-    start, end = f"<!-- section:{name} -->", f"<!-- /section:{name} -->"
-    block = f"{start}\n{body.rstrip()}\n{end}"
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    body = body.rstrip()
+    start = f"<!-- section:{name} by {_script()} sha256:{section_digest(body)} -->"
+    end = f"<!-- /section:{name} -->"
+    block = f"{start}\n{body}\n{end}"
+    pattern = re.compile(re.escape(f"<!-- section:{name}") + r"( [^>]*)? -->.*?" + re.escape(end), re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)
     else:
-        if not text.startswith("# Benchmarks"):
+        if doc == DOC and not text.startswith("# Benchmarks"):
             text = HEADER  # an old single-section file: start over with sections
         text = text.rstrip() + "\n\n" + block + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
