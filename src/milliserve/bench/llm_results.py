@@ -187,7 +187,7 @@ def summarize_llm(
 
     out = st.output_tokens[ok].astype(np.float64)
     chunks = n_chunks[ok]
-    late, late_p99 = lateness(rec, m)
+    late, late_p99, _ = lateness(rec, m)
     return LlmLevelResult(
         mode=mode,
         level=level,

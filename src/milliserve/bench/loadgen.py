@@ -13,9 +13,11 @@ from the send. *Open loop*: requests at scheduled instants (Poisson or evenly sp
 whatever the server does; latency from each request's *scheduled* instant, so a stall is
 charged to every request it delayed (coordinated omission corrected). A clock thread sleeps
 to each instant (event-loop timers have millisecond resolution) with the kernel's timer
-slack at 1 ns (the default 50 µs made every sleep end 50-90 µs late here), and sends at once
-where the mode's client can send from that thread (HTTP); otherwise it hands the send to the
-event loop. What lateness remains is recorded per request and reported.
+slack at 1 ns (the default 50 µs made every sleep end 50-90 µs late here), wakes SPIN_S
+early and spends the rest yielding the interpreter in a loop (a wake-up still came ~30 µs
+late), and sends at once where the mode's client can send from that thread (HTTP);
+otherwise it hands the send to the event loop. What lateness remains is recorded per
+request and reported (p50 and p99 of every level).
 
 Each mode gives a workload (picklable, sent to the worker processes) whose ``client()``
 builds, inside the worker's event loop, the client that sends its requests and records
@@ -54,6 +56,11 @@ __all__ = [
 
 R = TypeVar("R")
 CONNECT_RETRY_S = 0.05  # a closed-loop connection's pause after a refused connect
+# the open loop's clock wakes this long before each instant and yields in a loop until it:
+# a sleep's wake-up comes ~30 µs late on a 2-vCPU VM even at 1 ns timer slack; the loop
+# costs ~1-2% of a core at 1000 req/s and lets the event loop take the interpreter between
+# its turns (docs/bench.md, "Which clock is right")
+SPIN_S = 50e-6
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,20 @@ def precise_sleeps() -> None:
             ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
 
 
+def wait_until(t: float, stopped: threading.Event) -> bool:
+    """Sleep on the calling thread until ``t`` (time.monotonic()), the last SPIN_S in a loop
+    that yields the interpreter; True when ``stopped`` was set meanwhile (long waits are
+    cut short by it)."""
+    while (delay := t - SPIN_S - time.monotonic()) > 0.01:
+        if stopped.wait(delay - 0.005):
+            return True
+    if delay > 0:
+        time.sleep(delay)
+    while time.monotonic() < t:
+        time.sleep(0)  # releases the interpreter: the event loop may read an answer meanwhile
+    return stopped.is_set()
+
+
 def arrivals(job: Job) -> Iterator[float]:
     """The scheduled instants of an open loop: Poisson or evenly spaced at ``job.level``/s."""
     rng = np.random.default_rng(job.seed)
@@ -196,10 +217,7 @@ async def _open(client: Client, job: Job, phases: Phases, counter: Iterator[int]
     def schedule() -> None:
         precise_sleeps()
         for t in arrivals(job):
-            delay = t - time.monotonic()
-            if delay > 0 and phases.stopped.wait(delay):
-                return
-            if phases.stopped.is_set():
+            if wait_until(t, phases.stopped):
                 return
             n, phase = next(counter), phases.assign(t)
             if direct is not None:

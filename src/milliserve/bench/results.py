@@ -47,6 +47,7 @@ class LevelResult:
     late_sends: int
     late_send_p99_ms: float
     client_cpu_share: float
+    late_send_p50_us: float = 0.0  # the open loop's sends after their schedule (its own delay)
     server: dict[str, float] | None = None
     windows: int = 1
     stable: bool = True
@@ -72,6 +73,7 @@ class LevelResult:
             "latency_us": {k: round(v, 1) for k, v in self.latency_us.items()},
             "errors": self.errors,
             "late_sends": self.late_sends,
+            "late_send_p50_us": round(self.late_send_p50_us, 1),
             "late_send_p99_ms": round(self.late_send_p99_ms, 3),
             "client_cpu_share": round(self.client_cpu_share, 3),
             "server": self.server,
@@ -128,13 +130,14 @@ def errors_by_kind(
     return errors
 
 
-def lateness(rec: Records, keep: np.ndarray[Any, Any]) -> tuple[int, float]:
+def lateness(rec: Records, keep: np.ndarray[Any, Any]) -> tuple[int, float, float]:
     """Of the requests ``keep`` selects: how many left more than LATE_SEND_S after their
-    scheduled instant, and the p99 of that lateness in ms."""
+    scheduled instant, the p99 of that lateness in ms and its p50 in µs."""
     late = (rec.sent - rec.intended)[keep]
     if not late.size:
-        return 0, 0.0
-    return int((late > LATE_SEND_S).sum()), float(np.percentile(late, 99) * 1e3)
+        return 0, 0.0, 0.0
+    p50, p99 = np.percentile(late, [50, 99])
+    return int((late > LATE_SEND_S).sum()), float(p99 * 1e3), float(p50 * 1e6)
 
 
 def client_cpu_share(rec: Records, run_s: float, cores: int) -> float:
@@ -184,7 +187,7 @@ def summarize(
     latency_us = np.maximum((done - intended) * 1e6, 1.0)
     ok = status == 200
     pct, hist = hdr_percentiles(latency_us[ok])
-    late, late_p99 = lateness(rec, keep)
+    late, late_p99, late_p50 = lateness(rec, keep)
     offsets = intended - (intended.min() if intended.size else 0.0)
     throughput = float(ok.sum() / window_s) if window_s > 0 else 0.0
     return LevelResult(
@@ -198,6 +201,7 @@ def summarize(
         errors=errors_by_kind(status[~ok], rec.messages),
         late_sends=late,
         late_send_p99_ms=late_p99,
+        late_send_p50_us=late_p50 if mode == "open" else 0.0,
         client_cpu_share=client_cpu_share(rec, run_s, cores),
         windows=windows,
         stable=stable,
