@@ -53,8 +53,11 @@ class HttpSettings(BaseModel):
     port: int = Field(8000, ge=0, le=65535)
     max_request_bytes: int = Field(32 * MiB, ge=1024)
     # a JSON body (or the JSON header of a binary one): decoding JSON holds the interpreter
-    # in one call (~5 ms per MB), so large tensors must come in the binary extension
-    max_json_bytes: int = Field(16 * MiB, ge=1024)
+    # in one call (orjson ~2 ms per MB of numbers, then as long again to make the arrays),
+    # even off the event loop, so every other request waits that long; 2 MiB is a few
+    # milliseconds, and large tensors come in the binary extension (the 413 says so);
+    # at 16 MiB other clients waited 50 ms and more (issue 24, item 5)
+    max_json_bytes: int = Field(2 * MiB, ge=1024)
     # the request line and all headers; more is answered 431 without reading it (h11's default)
     max_header_bytes: int = Field(16 * 1024, ge=1024)
     # from a connection's first byte (or from connecting) to its complete headers; then 408
@@ -70,6 +73,9 @@ class HttpSettings(BaseModel):
     # closed (docs/llm.md)
     stream_buffer_bytes: int = Field(64 * 1024, ge=4096)
     stream_write_timeout_s: float = Field(15.0, gt=0)
+    # a benchmark's witness: each request's first-byte and answer-written instants appended
+    # here (server/wire_timing.py); off by default, and costs two clock reads per request
+    wire_timing_file: Path | None = None
 
 
 class GrpcSettings(BaseModel):

@@ -66,7 +66,7 @@ class HttpApp:
         auth: Auth | None = None,
         offload: Offload | None = None,
         metrics: Callable[[], Awaitable[bytes]] | None = None,
-        max_json_bytes: int = 16 << 20,
+        max_json_bytes: int = 2 << 20,
         edge: EdgeFiles | None = None,
         local_only: bool = False,
         shared_memory: SharedMemoryService | None = None,
@@ -326,8 +326,13 @@ class HttpApp:
     async def _repository(
         self, scope: Scope, receive: Receive, rest: list[str]
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-        body = await self._read_body(scope, receive)
-        doc = decode_json_object(body) if body.strip() else {}
+        # a load carries model files (base64 strings): bounded by the request limit, not the
+        # JSON one, and decoded off the event loop when large
+        body = await self._read_body(scope, receive, json=False)
+        if len(body) > OFFLOAD_BODY_BYTES and self._offload is not None:
+            doc = await self._offload(decode_json_object, body)
+        else:
+            doc = decode_json_object(body) if body.strip() else {}
         if rest == ["index"]:
             return 200, encode_json(self.dp.repository_index(bool(doc.get("ready", False)))), [_JSON]
         if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
