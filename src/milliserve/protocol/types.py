@@ -65,6 +65,9 @@ class InferRequest:
     # where the road records the request's spans (a milliserve.road.SpanLog) when the server
     # traces (observability/tracing.py); None: not traced, the plain road
     trace: Any = None
+    # the client connection it came on (set by the front-ends; any hashable): the batcher's
+    # queue takes turns between clients and refuses the one holding the most when full
+    client: Any = None
 
 
 @dataclass(slots=True)

@@ -162,6 +162,7 @@ class BatchExecute:
             {t.name: t.data for t in request.inputs}, call.batch_size, call.signature, future, priority
         )
         item.deadline = call.deadline
+        item.flow = request.client
         outputs = await self.batcher.execute(item, timeout_s)
         stages = call.stages
         stages["queue"] = queue = item.dispatched - item.enqueued

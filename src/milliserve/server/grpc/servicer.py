@@ -76,6 +76,15 @@ def peer_host(ctx: Any) -> str | None:
     return None
 
 
+def client_of(ctx: Any) -> object:
+    """The call's client connection (what the batcher's queue takes turns between): the
+    native stack's connection, grpc.aio's ``peer()`` (address and port)."""
+    conn = getattr(ctx, "connection", None)
+    if conn is not None:
+        return conn
+    return str(ctx.peer()) if hasattr(ctx, "peer") else None
+
+
 class Servicer:
     def __init__(
         self, dataplane: DataPlane, auth: Auth, calls: CallCount, shm: SharedMemoryService | None = None
@@ -122,6 +131,7 @@ class Servicer:
         request = grpc_codec.decode_infer_request(req, shm.input if shm is not None else None)
         if remaining is not None:
             request.deadline = t0 + remaining
+        request.client = client_of(ctx)
         if shm is not None and request.outputs:
             shm.bind_outputs(request)
         return request

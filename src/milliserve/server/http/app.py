@@ -270,6 +270,7 @@ class HttpApp:
             else:
                 request = decode_infer_request(body, header_len, name, version, reader)
             request.deadline = deadline
+            request.client = client  # (address, port): one connection
             if shm is not None and request.outputs:
                 shm.bind_outputs(request)
             t1 = time.perf_counter()
