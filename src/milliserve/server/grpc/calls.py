@@ -47,6 +47,8 @@ _TRANSPORT = frozenset(
 MAX_STATUS_MESSAGE = 1024
 # compressed messages larger than this are decompressed off the event loop
 _OFFLOAD_BYTES = 256 * 1024
+# a message larger than this, alone in its stream's buffer, is handed over without a copy
+_HANDOVER_BYTES = 64 * 1024
 
 
 class StatusError(Exception):
@@ -82,16 +84,22 @@ class CallContext:
     """What a servicer method sees of its call (the subset of ``grpc.aio.ServicerContext``
     the servicer uses, so one servicer serves both stacks)."""
 
-    __slots__ = ("_headers", "deadline", "peer_host", "trailing", "unary")
+    __slots__ = ("_headers", "connection", "deadline", "peer_host", "trailing", "unary")
 
     def __init__(
-        self, headers: list[tuple[bytes, bytes]], deadline: float | None, unary: bool, peer_host: str = ""
+        self,
+        headers: list[tuple[bytes, bytes]],
+        deadline: float | None,
+        unary: bool,
+        peer_host: str = "",
+        connection: object = None,
     ) -> None:
         self._headers = headers
         self.deadline = deadline
         self.trailing: tuple[tuple[str, str], ...] = ()
         self.unary = unary
         self.peer_host = peer_host  # the client's address (shared memory is for loopback only)
+        self.connection = connection  # the HTTP/2 connection: the client, for queue fairness
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return tuple(
@@ -210,7 +218,7 @@ class Dispatcher:
                 return
             deadline = asyncio.get_running_loop().time() + seconds
         self.on_call()
-        ctx = CallContext(headers, deadline, not entry.streaming, conn.peer)
+        ctx = CallContext(headers, deadline, not entry.streaming, conn.peer, conn)
         call = Call(conn, stream, entry, ctx, enc)
         stream.call = call
         if deadline is not None:
@@ -238,8 +246,15 @@ class Dispatcher:
             if len(buf) < 5 + length:
                 conn.want(stream, 5 + length - len(buf))  # a large message: grant its window
                 break
-            message = bytes(buf[5 : 5 + length])
-            del buf[: 5 + length]
+            message: bytes | memoryview
+            if call.unary and not flag and len(buf) == 5 + length and length > _HANDOVER_BYTES:
+                # a large message alone in the buffer: handed over, not copied (a copy of 16 MB
+                # held the event loop for 10 to 30 ms here, page faults included)
+                message = memoryview(buf)[5:]
+                stream.data = buf = bytearray()
+            else:
+                message = bytes(buf[5 : 5 + length])
+                del buf[: 5 + length]
             if flag and call.encoding == "identity":
                 self._fail_early(call, INTERNAL, "a compressed message without grpc-encoding")
                 return
@@ -266,7 +281,7 @@ class Dispatcher:
             call.task.cancel()
 
     # -- calls -----------------------------------------------------------------------------
-    def _message(self, call: Call, message: bytes, compressed: bool, wire_bytes: int) -> None:
+    def _message(self, call: Call, message: bytes | memoryview, compressed: bool, wire_bytes: int) -> None:
         if call.unary:
             if call.task is not None:
                 self._fail_early(call, UNIMPLEMENTED, "a unary call with more than one request message")
@@ -274,7 +289,7 @@ class Dispatcher:
             call.conn.consumed(call.stream, wire_bytes)
             self._start(call, self._run_unary(call, message, compressed))
         else:
-            assert call.queue is not None
+            assert call.queue is not None and isinstance(message, bytes)  # only unary ones are handed over
             call.queue.put_nowait((message, wire_bytes if not compressed else -wire_bytes - 1))
 
     def _start(self, call: Call, coro: Any) -> None:
@@ -301,10 +316,11 @@ class Dispatcher:
         except MilliserveError as exc:
             raise StatusError(INTERNAL, exc.message) from None
 
-    async def _run_unary(self, call: Call, message: bytes, compressed: bool) -> None:
+    async def _run_unary(self, call: Call, message: bytes | memoryview, compressed: bool) -> None:
         stream, conn = call.stream, call.conn
         try:
             if compressed:
+                assert isinstance(message, bytes)  # only uncompressed messages are handed over
                 message = await self._decompress(call, message)
             reply = await call.method.handler(message, call.ctx)
             body = reply.SerializeToString()

@@ -20,7 +20,9 @@ acknowledges SETTINGS):
   reset and counted; a socket buffer past the limit closes the connection;
 - receive windows: the client may have at most one message's worth per stream and two per
   connection in flight that the server has not taken up;
-- the handshake, idle connections, keepalive pings, and connection age.
+- the handshake, idle connections, keepalive pings, and connection age;
+- the event loop itself: frames are parsed a slice per turn, and new streams are shared out
+  between the connections per turn (turns.py), so no flood or burst holds the loop.
 
 The gRPC layer (calls.py) sees a ``Stream`` per request and answers through ``respond``,
 ``send`` and ``finish``.
@@ -74,6 +76,7 @@ from milliserve.server.grpc.frames import (
     frame,
 )
 from milliserve.server.grpc.hpack_decoder import HeaderBlockTooLarge, HpackDecoder, HpackError
+from milliserve.server.grpc.turns import SLICE_FRAMES, TurnBudget
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,6 @@ STREAM_WINDOW = DEFAULT_WINDOW
 # the connection window is given back as data arrives (memory is bounded per stream and by
 # the grants), so one stalled stream never stops the others
 CONN_WINDOW = 16 * 1024 * 1024
-
 __all__ = ["Http2Protocol"]
 
 
@@ -97,6 +99,7 @@ class Http2Protocol(asyncio.Protocol):
         stats: ConnectionStats,
         on_close: Callable[[Http2Protocol], None],
         budget: GrantBudget | None = None,
+        turns: TurnBudget | None = None,
     ) -> None:
         self.handler = handler
         self.limits = limits
@@ -126,6 +129,7 @@ class Http2Protocol(asyncio.Protocol):
         self._conn_recv = DEFAULT_WINDOW
         self._conn_credit = 0  # bytes received, not yet given back with WINDOW_UPDATE
         self._budget = budget or GrantBudget(limits.max_buffered_bytes)
+        self._turns = turns or TurnBudget()
         self._granted = 0  # this connection's share of the grants
         self._grant_limit = 2 * (limits.max_message_bytes + 5)
         self._pending_grants: dict[Stream, int] = {}
@@ -141,6 +145,7 @@ class Http2Protocol(asyncio.Protocol):
         self.goaway_sent = False
         self._closing = False
         self._paused = False
+        self._read_paused = False  # frames wait in _buf for this connection's turn (turns.py)
         self._drained: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._close_timer: asyncio.TimerHandle | None = None
@@ -204,8 +209,17 @@ class Http2Protocol(asyncio.Protocol):
         if self._closing:
             return
         self._last_recv = self._loop.time()
+        self._buf += data
+        if not self._read_paused:
+            self.parse_more()
+
+    def parse_more(self) -> None:
+        """Parse the frames received, a slice at a time (turns.py): past its slice (frames,
+        or the new streams ``TurnBudget`` gives it), the connection stops reading and waits
+        in line with the listener's other connections for its next turn."""
+        if self._closing:
+            return
         buf = self._buf
-        buf += data
         pos = 0
         if not self._preface:
             if len(buf) < len(PREFACE):
@@ -218,16 +232,32 @@ class Http2Protocol(asyncio.Protocol):
             self._preface = True
             pos = len(PREFACE)
         end = len(buf)
+        frames = streams = 0
+        turns = self._turns
+        share = min(turns.share, turns.left)
+        more = False
+        view = memoryview(buf)
+        payload: bytes | memoryview = b""
+        chunk: bytes | memoryview = b""
         try:
             while end - pos >= 9:
                 hi, lo, kind, flags, sid = HEAD.unpack_from(buf, pos)
+                if frames >= SLICE_FRAMES or (kind == HEADERS and streams >= share):
+                    more = True
+                    break
                 length = (hi << 16) | lo
                 if length > MAX_FRAME:
                     raise _ConnectionError(FRAME_SIZE_ERROR, f"a frame of {length} bytes")
                 if end - pos - 9 < length:
                     break
-                payload = bytes(buf[pos + 9 : pos + 9 + length])
+                # DATA is copied once, into its stream's buffer; other frames are kept whole
+                chunk = view[pos + 9 : pos + 9 + length]
+                payload = chunk if kind == DATA else bytes(chunk)
                 pos += 9 + length
+                frames += 1
+                if kind == HEADERS:
+                    streams += 1
+                    turns.spend()
                 self._frame(kind, flags, sid & MAX_WINDOW, payload)
                 if self._closing:
                     return
@@ -238,10 +268,23 @@ class Http2Protocol(asyncio.Protocol):
             log.exception("HTTP/2 connection from %s failed", self.peer)
             self._fail(INTERNAL_ERROR, "internal error")
             return
+        finally:
+            payload = chunk = b""  # no view of the buffer outlives this call (it is resized)
+            view.release()
         del buf[:pos]
+        t = self.transport
+        if more:
+            if not self._read_paused:
+                self._read_paused = True
+                t.pause_reading()
+            turns.wait(self)
+        elif self._read_paused:
+            self._read_paused = False
+            if not t.is_closing():
+                t.resume_reading()
 
     # -- frames ---------------------------------------------------------------------------
-    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+    def _frame(self, kind: int, flags: int, sid: int, payload: Any) -> None:
         if not self._settings_seen and kind != SETTINGS:
             raise _ConnectionError(PROTOCOL_ERROR, "the first frame was not SETTINGS")
         if self._headers_sid and kind != CONTINUATION:
@@ -398,7 +441,7 @@ class Http2Protocol(asyncio.Protocol):
         else:
             self.goaway_sent = True
 
-    def _data(self, flags: int, sid: int, payload: bytes) -> None:
+    def _data(self, flags: int, sid: int, payload: bytes | memoryview) -> None:
         n = len(payload)
         self._conn_recv -= n
         if self._conn_recv < 0:

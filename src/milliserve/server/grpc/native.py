@@ -21,6 +21,7 @@ from milliserve.server.grpc.calls import Dispatcher, Method
 from milliserve.server.grpc.frames import ENHANCE_YOUR_CALM, ConnectionStats, GrantBudget, Http2Limits
 from milliserve.server.grpc.http2 import Http2Protocol
 from milliserve.server.grpc.servicer import SERVICE_NAME, CallCount, service_methods
+from milliserve.server.grpc.turns import TurnBudget
 from milliserve.server.shm.service import SharedMemoryService
 
 __all__ = ["NativeGrpcServer"]
@@ -51,6 +52,7 @@ class NativeGrpcServer:
         self.limits = limits
         self.stats = ConnectionStats()
         self.budget = GrantBudget(limits.max_buffered_bytes)  # shared by every connection
+        self.turns = TurnBudget()  # new streams per turn of the loop, over every connection
         self.dispatcher = Dispatcher(methods, offload, limits.max_message_bytes, self._count)
         self.max_connections = max_connections
         self.max_per_peer = max_connections_per_peer
@@ -108,7 +110,9 @@ class _Tracked(Http2Protocol):
     """A connection that the server counts, in all and per peer address."""
 
     def __init__(self, server: NativeGrpcServer) -> None:
-        super().__init__(server.dispatcher, server.limits, server.stats, self._gone, server.budget)
+        super().__init__(
+            server.dispatcher, server.limits, server.stats, self._gone, server.budget, server.turns
+        )
         self._owner = server
         self._counted = False
 
