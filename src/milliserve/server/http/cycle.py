@@ -112,7 +112,9 @@ class Cycle:
             else:
                 self.transport.close()
         else:
-            if self.disconnected or self.complete:
+            # nothing to complete when the connection is gone or closing: its client left, or
+            # the route closed it itself (a generation stream whose client stopped reading)
+            if self.disconnected or self.complete or self.transport.is_closing():
                 return
             log.error(
                 "the HTTP application returned without %s a response",
