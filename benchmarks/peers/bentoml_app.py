@@ -1,5 +1,5 @@
-"""fraud_mlp on BentoML, OIP-shaped route.
-MODEL=... MAX_BATCH=... bentoml serve bentoml_app:Fraud --port PORT --host 127.0.0.1"""
+"""fraud_mlp on BentoML, OIP-shaped route (settings and why: peer_settings.py).
+MODEL=... MAX_BATCH=... MAX_LATENCY_MS=... bentoml serve bentoml_app:Fraud --port PORT --host 127.0.0.1"""
 
 import os
 
@@ -8,6 +8,7 @@ import numpy as np
 import onnxruntime as ort
 
 BATCH = int(os.environ.get("MAX_BATCH", "1"))
+MAX_LATENCY_MS = int(os.environ.get("MAX_LATENCY_MS", "2"))
 ROUTE = "/v2/models/fraud_mlp/infer"
 
 
@@ -19,7 +20,7 @@ class Fraud:
         self.session = ort.InferenceSession(os.environ["MODEL"], so)
 
     @(
-        bentoml.api(route=ROUTE, batchable=True, max_batch_size=BATCH, max_latency_ms=1000)
+        bentoml.api(route=ROUTE, batchable=True, max_batch_size=BATCH, max_latency_ms=MAX_LATENCY_MS)
         if BATCH > 1
         else bentoml.api(route=ROUTE)
     )

@@ -1,4 +1,5 @@
-"""fraud_mlp on LitServe, OIP-shaped route. python litserve_app.py MODEL PORT MAX_BATCH"""
+"""fraud_mlp on LitServe, OIP-shaped route (settings and why: peer_settings.py).
+python litserve_app.py MODEL PORT MAX_BATCH BATCH_TIMEOUT_S"""
 
 import sys
 
@@ -41,7 +42,6 @@ class FraudAPI(ls.LitAPI):
 
 if __name__ == "__main__":
     batch = int(sys.argv[3])
-    api = FraudAPI(
-        max_batch_size=batch, batch_timeout=0.002 if batch > 1 else 0.0, api_path="/v2/models/fraud_mlp/infer"
-    )
+    timeout = float(sys.argv[4]) if batch > 1 else 0.0
+    api = FraudAPI(max_batch_size=batch, batch_timeout=timeout, api_path="/v2/models/fraud_mlp/infer")
     ls.LitServer(api, accelerator="cpu", workers_per_device=1).run(port=int(sys.argv[2]), host="127.0.0.1")

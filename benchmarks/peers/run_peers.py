@@ -2,13 +2,17 @@
 `milliserve bench` as the load generator. Writes the "peers" section of
 docs/benchmarks.md.
 
-    python benchmarks/peers/run_peers.py [--rounds 2] [--seconds 4]
+    python benchmarks/peers/run_peers.py [--rounds 3] [--seconds 4]
+    python benchmarks/peers/run_peers.py --quick   # milliserve and FastAPI only; no doc
 
 Each peer is installed into its own venv under build/peers/venvs (created on
-first use, from PyPI). All servers run at once on loopback; the bench runs them
-in turn, interleaved round by round, at concurrency 1 and 8. Every server calls
-ONNX Runtime with one intra-op thread; "batching on" means each server's own
-dynamic batching with a 2 ms window (milliserve: its example config, 200 µs).
+first use, from PyPI). One server is up at a time on loopback (an idle server still
+takes CPU: LitServe's and BentoML's workers poll): each round starts each server in turn,
+measures it at concurrency 1 and 8, and stops it; the order rotates round by round. Every
+server calls ONNX Runtime with one intra-op thread; "batching on" means each server's own
+dynamic batching, set up as its docs recommend for low latency with the same 2 ms window
+and batch of 32 (milliserve: its example config). peer_settings.py holds every setting
+and why, and the section prints them.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -34,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))
 
+import peer_settings  # noqa: E402
 from report_sections import bench_level, write_section  # noqa: E402
 
 from milliserve.examples.fraud_mlp import FEATURES, build_fraud_mlp  # noqa: E402
@@ -93,7 +99,7 @@ def wait_ready(port: int, body: bytes, name: str) -> None:
 
 
 def mlserver_dir(work: Path, model: Path, batch: int, port: int) -> Path:
-    d = work / f"mlserver-{batch}"
+    d = work / f"mlserver-{batch}-{port}"
     m = d / "fraud_mlp"
     m.mkdir(parents=True)
     shutil.copy(HERE / "mlserver_runtime.py", m / "mlserver_runtime.py")
@@ -104,28 +110,51 @@ def mlserver_dir(work: Path, model: Path, batch: int, port: int) -> Path:
                 "grpc_port": free_port(),
                 "metrics_port": free_port(),
                 "host": "127.0.0.1",
-                # MLServer 1.7's inference worker processes crash on start here
-                # ("no current event loop"), so inference runs in the server process
-                "parallel_workers": 0,
+                "parallel_workers": int(peer_settings.MLSERVER["parallel_workers"][0]),
             }
         )
     )
-    settings = {
+    settings: dict[str, object] = {
         "name": "fraud_mlp",
         "implementation": "mlserver_runtime.OnnxFraud",
         "parameters": {"uri": str(model)},
     }
     if batch > 1:
-        settings |= {"max_batch_size": batch, "max_batch_time": 0.002}
+        m = peer_settings.MLSERVER
+        settings |= {
+            "max_batch_size": int(m["max_batch_size"][0]),
+            "max_batch_time": float(m["max_batch_time"][0]),
+        }
     (m / "model-settings.json").write_text(json.dumps(settings))
     return d
 
 
+@contextmanager
+def _milliserve(repo: Path, port: int) -> Iterator[None]:
+    """``milliserve serve repo`` with its HTTP port at ``port``."""
+    srv = ServerProcess(repo)
+    srv.http_port = port
+    with srv:
+        yield
+
+
+@contextmanager
+def _mlserver(work: Path, model: Path, batch: int, port: int) -> Iterator[None]:
+    d = mlserver_dir(work, model, batch, port)
+    with process([str(venv("mlserver") / "mlserver"), "start", str(d)], cwd=d):
+        yield
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=4)
+    ap.add_argument(
+        "--quick", action="store_true", help="milliserve and FastAPI only, one short round; printed, no doc"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 1, 1
     work = Path(tempfile.mkdtemp(prefix="ms-peers-"))
     repo = work / "repo"
     build_fraud_mlp(repo)
@@ -151,61 +180,55 @@ def main() -> None:
     data = work / "body.json"
     data.write_text("[" + body.decode() + "]")
 
-    targets: dict[str, int] = {}
-    with ExitStack() as stack:
-        for label, r in (("milliserve, batching on", repo), ("milliserve, batching off", nobatch)):
-            targets[label] = stack.enter_context(ServerProcess(r)).http_port
-        port = free_port()
-        stack.enter_context(
-            process(
-                [sys.executable, str(HERE.parent / "apps" / "fastapi_baseline.py"), str(model), str(port)]
-            )
+    # each target: how to start it on a free port (a context manager), and its name
+    targets: dict[str, Callable[[int], Any]] = {
+        "milliserve, batching on": lambda port: _milliserve(repo, port),
+        "milliserve, batching off": lambda port: _milliserve(nobatch, port),
+        "FastAPI + uvicorn (no batching)": lambda port: process(
+            [sys.executable, str(HERE.parent / "apps" / "fastapi_baseline.py"), str(model), str(port)]
+        ),
+    }
+    lit, bento = peer_settings.LITSERVE, peer_settings.BENTOML
+    for batch in () if args.quick else (32, 1):
+        on = "on" if batch > 1 else "off"
+        targets[f"MLServer {version('mlserver')}, batching {on}"] = lambda port, b=batch: _mlserver(
+            work, model, b, port
         )
-        targets["FastAPI + uvicorn (no batching)"] = port
-        for batch in (32, 1):
-            on = "on" if batch > 1 else "off"
+        targets[f"LitServe {version('litserve')}, batching {on}"] = lambda port, b=batch: process(
+            [
+                str(venv("litserve") / "python"),
+                str(HERE / "litserve_app.py"),
+                str(model),
+                str(port),
+                str(b),
+                lit["batch_timeout"][0],
+            ],
+            cwd=HERE,
+        )
+        env = dict(
+            os.environ, MODEL=str(model), MAX_BATCH=str(batch), MAX_LATENCY_MS=bento["max_latency_ms"][0]
+        )
+        targets[f"BentoML {version('bentoml')}, batching {on}"] = lambda port, e=env: process(
+            [
+                str(venv("bentoml") / "bentoml"),
+                "serve",
+                "bentoml_app:Fraud",
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+            ],
+            cwd=HERE,
+            env=e,
+        )
+    names = list(targets)
+    results: dict[str, dict[int, list[dict]]] = {n: {1: [], 8: []} for n in targets}
+    for r in range(args.rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # the order rotates
             port = free_port()
-            d = mlserver_dir(work, model, batch, port)
-            stack.enter_context(process([str(venv("mlserver") / "mlserver"), "start", str(d)], cwd=d))
-            targets[f"MLServer {version('mlserver')}, batching {on}"] = port
-            port = free_port()
-            stack.enter_context(
-                process(
-                    [
-                        str(venv("litserve") / "python"),
-                        str(HERE / "litserve_app.py"),
-                        str(model),
-                        str(port),
-                        str(batch),
-                    ],
-                    cwd=HERE,
-                )
-            )
-            targets[f"LitServe {version('litserve')}, batching {on}"] = port
-            port = free_port()
-            env = dict(os.environ, MODEL=str(model), MAX_BATCH=str(batch))
-            stack.enter_context(
-                process(
-                    [
-                        str(venv("bentoml") / "bentoml"),
-                        "serve",
-                        "bentoml_app:Fraud",
-                        "--port",
-                        str(port),
-                        "--host",
-                        "127.0.0.1",
-                    ],
-                    cwd=HERE,
-                    env=env,
-                )
-            )
-            targets[f"BentoML {version('bentoml')}, batching {on}"] = port
-        for name, port in targets.items():
-            wait_ready(port, body, name)
-        results: dict[str, dict[int, list[dict]]] = {n: {1: [], 8: []} for n in targets}
-        for r in range(args.rounds):
-            for conc in (1, 8):
-                for name, port in targets.items():  # interleaved: each target once per round
+            with targets[name](port):  # one server up at a time
+                wait_ready(port, body, name)
+                for conc in (1, 8):
                     print(f"round {r + 1} c{conc} {name}", flush=True)
                     results[name][conc].append(
                         bench_level(
@@ -230,30 +253,27 @@ def main() -> None:
     lines = [
         "## Python serving peers",
         "",
-        "`python benchmarks/peers/run_peers.py`: the example fraud_mlp (64→256→256→2) on every server "
-        f"at once, `milliserve bench` driving each in turn ({args.rounds} interleaved rounds of "
-        f"{args.seconds} s after 1 s of warmup; medians), one OIP JSON request of one row, ONNX Runtime "
-        "with 1 intra-op thread everywhere. Batching on: each server's dynamic batching, 2 ms window and "
-        "batch 32 for the peers, the example config for milliserve. MLServer runs with "
-        "`parallel_workers: 0` (its worker processes crash at start with this Python). "
-        "Client and servers share the 2 vCPUs.",
+        f"`python benchmarks/peers/run_peers.py --rounds {args.rounds} --seconds {args.seconds}`: the "
+        "example fraud_mlp (64→256→256→2) on each server, one server up at a time, `milliserve bench` "
+        f"driving it ({args.rounds} rounds, the servers' order rotating, {args.seconds} s per level after "
+        "1 s of warmup; medians), one OIP JSON request of one row. Client and server share the 2 vCPUs. "
+        "Every setting, and why:",
         "",
-        "All the servers stay up during the run, and the idle ones still take CPU (LitServe's and "
-        "BentoML's worker processes poll), so absolute numbers are higher than on a quiet machine; the "
-        "comparison between rows is what this table is for.",
+        *peer_settings.lines(),
         "",
         "| server | c1 p50 µs | c1 p99 µs | c1 req/s | c8 p50 µs | c8 p99 µs | c8 req/s | errors |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name in targets:
+    for name in names:
         errors = sum(sum(lv["errors"].values()) for c in (1, 8) for lv in results[name][c])
         lines.append(
             f"| {name} | {med(name, 1, 'p50'):,.0f} | {med(name, 1, 'p99'):,.0f} | {med(name, 1, 'rps'):,.0f}"
             f" | {med(name, 8, 'p50'):,.0f} | {med(name, 8, 'p99'):,.0f} | {med(name, 8, 'rps'):,.0f} "
             f"| {errors} |"
         )
-    write_section("peers", "\n".join(lines))
     print("\n".join(lines))
+    if not args.quick:
+        write_section("peers", "\n".join(lines))
 
 
 if __name__ == "__main__":
