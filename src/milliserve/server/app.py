@@ -43,6 +43,7 @@ from milliserve.server.listeners import GRPC, HTTP, METRICS, WorkerSlot, bind_gr
 from milliserve.server.metrics_app import MetricsApp
 from milliserve.server.peers import Peers
 from milliserve.server.shm.service import SharedMemoryService
+from milliserve.server.wire_timing import WireLog, timed_protocol
 
 __all__ = ["Server", "serve"]
 
@@ -120,6 +121,8 @@ class Server:
         self._grpc_sock: socket.socket | None = None  # the native stack's listening socket
         self._grpc_calls = CallCount()
         self._poll: asyncio.Task[None] | None = None  # --model-control-mode poll
+        wire = settings.http.wire_timing_file  # a benchmark's witness (server/wire_timing.py)
+        self._wire = WireLog(wire) if wire is not None else None
 
     async def local_metrics(self) -> bytes:
         return generate_latest(self.prometheus_registry)
@@ -150,12 +153,15 @@ class Server:
         app.generate.configure_streams(h.stream_write_timeout_s, h.stream_buffer_bytes)
         return app
 
-    def _uvicorn(self, app: Any, limits: ConnectionLimits, graceful_s: float) -> _Uvicorn:
+    def _uvicorn(
+        self, app: Any, limits: ConnectionLimits, graceful_s: float, wire: WireLog | None = None
+    ) -> _Uvicorn:
         # the socket is bound by bind_tcp (host and port are not uvicorn's); the protocol
         # class holds the connection limits and the keep-alive deadline
+        http = protocol_class(limits)
         config = uvicorn.Config(
             app,
-            http=protocol_class(limits),
+            http=timed_protocol(http, wire) if wire is not None else http,
             ws="none",
             lifespan="off",
             access_log=False,
@@ -270,7 +276,10 @@ class Server:
                 await self._load()
         if http_sock is not None:
             app: Any = self.http_app() if self.tracing is None else self.tracing.http(self.http_app())
-            await self._start_uvicorn(self._uvicorn(app, limits, s.shutdown_grace_s), http_sock, "http")
+            if self._wire is not None:
+                self._wire.start()
+            server = self._uvicorn(app, limits, s.shutdown_grace_s, self._wire)
+            await self._start_uvicorn(server, http_sock, "http")
         if isinstance(self._grpc, NativeGrpcServer):
             assert self._grpc_sock is not None
             await self._grpc.start(self._grpc_sock)
@@ -334,6 +343,8 @@ class Server:
         elif self._grpc is not None:
             waits.append(asyncio.ensure_future(self._stop_grpc(grace)))
         await asyncio.gather(*waits, return_exceptions=True)
+        if self._wire is not None:
+            self._wire.close()
         if self._poll is not None:
             self._poll.cancel()
             await asyncio.gather(self._poll, return_exceptions=True)
