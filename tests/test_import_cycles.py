@@ -20,20 +20,24 @@ def package_graph(root: Path = SRC) -> dict[str, dict[str, set[str]]]:
         if rel.name == "__init__.py":
             continue
         src = rel.parts[0].removesuffix(".py")
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module] if node.level == 0 else []
-                if node.module == "milliserve":
-                    names = [f"milliserve.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "milliserve" and len(parts) > 1 and parts[1] != src:
-                    graph.setdefault(src, {}).setdefault(parts[1], set()).add(str(rel))
+        for name in imported(path):
+            parts = name.split(".")
+            if parts[0] == "milliserve" and len(parts) > 1 and parts[1] != src:
+                graph.setdefault(src, {}).setdefault(parts[1], set()).add(str(rel))
     return graph
+
+
+def imported(path: Path) -> list[str]:
+    """What a file imports, anywhere in it: ``a.b`` for ``import a.b``, and for
+    ``from a.b import c`` both ``a.b`` and ``a.b.c`` (c may be a module); relative imports
+    left out."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return names
 
 
 def find_cycle(graph: dict[str, dict[str, set[str]]]) -> list[str] | None:
@@ -92,17 +96,10 @@ def module_graph(root: Path = SRC) -> dict[str, dict[str, set[str]]]:
     }
     graph: dict[str, dict[str, set[str]]] = {}
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            for full in names:
-                target = full.removeprefix("milliserve.")
-                if full.startswith("milliserve.") and target in modules and target != name:
-                    graph.setdefault(name, {}).setdefault(target, set()).add(str(path.relative_to(root)))
+        for full in imported(path):
+            target = full.removeprefix("milliserve.")
+            if full.startswith("milliserve.") and target in modules and target != name:
+                graph.setdefault(name, {}).setdefault(target, set()).add(str(path.relative_to(root)))
     return graph
 
 
