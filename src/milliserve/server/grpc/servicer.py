@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -128,7 +129,11 @@ class Servicer:
     def _decode(req: Any, ctx: Any, shm: SharedMemoryUse | None = None) -> Any:
         t0 = time.perf_counter()
         remaining = ctx.time_remaining()  # the client's gRPC deadline, if it set one
-        request = grpc_codec.decode_infer_request(req, shm.input if shm is not None else None)
+        reader = shm.input if shm is not None else None
+        if isinstance(req, SplitInferRequest):
+            request = grpc_codec.decode_infer_request(req.msg, reader, req.raw_contents)
+        else:
+            request = grpc_codec.decode_infer_request(req, reader)
         if remaining is not None:
             request.deadline = t0 + remaining
         request.client = client_of(ctx)
@@ -215,8 +220,9 @@ class Servicer:
             msg = pb.ModelInferRequest()
             shm = self.shm.begin(peer_host(ctx))
             try:
-                msg = _parse(pb.ModelInferRequest, raw)
-                request = self._decode(msg, ctx, shm)
+                parsed = _parse(pb.ModelInferRequest, raw)
+                msg = parsed.msg if isinstance(parsed, SplitInferRequest) else parsed
+                request = self._decode(parsed, ctx, shm)
                 async for response in self.dp.stream(request):
                     written = shm.write_outputs(response) if shm is not None else ()
                     encoded = grpc_codec.encode_infer_response(response, written)
@@ -264,12 +270,29 @@ class Servicer:
             reader.cancel()
 
 
-def _parse(cls: Any, raw: bytes | None) -> Any:
+@dataclass(frozen=True, slots=True)
+class SplitInferRequest:
+    """A large ModelInferRequest parsed without its ``raw_input_contents``, which stay views
+    of the received message (grpc_codec.split_raw_contents)."""
+
+    msg: Any
+    raw_contents: list[memoryview]
+
+
+# a ModelInferRequest larger than this is parsed without copying its raw tensor contents
+SPLIT_BYTES = 64 * 1024
+
+
+def _parse(cls: Any, raw: bytes | memoryview | None) -> Any:
     if raw is None:
         raise MalformedRequestError(
             f"the message is not a valid {cls.DESCRIPTOR.name} (it cannot be decoded)"
         )
     try:
+        if cls is pb.ModelInferRequest and len(raw) > SPLIT_BYTES:
+            split = grpc_codec.split_raw_contents(raw)
+            if split is not None:
+                return SplitInferRequest(cls.FromString(split[0]), split[1])
         return cls.FromString(raw)
     except DecodeError:
         raise MalformedRequestError(
