@@ -23,7 +23,7 @@ __all__ = ["SLICE_FRAMES", "TURN_STREAMS", "Parser", "TurnBudget"]
 # frames one connection parses before it lets the loop go on
 SLICE_FRAMES = 256
 # new streams over all the connections of a listener in one turn of the loop
-TURN_STREAMS = 32
+TURN_STREAMS = 8
 
 
 class Parser(Protocol):
