@@ -18,14 +18,11 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from milliserve.server.http.asgi import CLIENT_GONE, Message
 
-if TYPE_CHECKING:
-    from milliserve.server.http.connection import HttpProtocol
-
-__all__ = ["STATUS_LINE", "Cycle"]
+__all__ = ["STATUS_LINE", "Connection", "Cycle"]
 
 log = logging.getLogger("milliserve.server.http")
 
@@ -46,6 +43,25 @@ _INTERNAL_ERROR = (
     b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error"
 )
 _NO_BODY_STATUS = frozenset((204, 304))
+
+
+class Connection(Protocol):
+    """What a cycle needs of its connection (``connection.HttpProtocol``), declared here so
+    that this module does not import that one."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    write_paused: bool
+    default_head: bytes
+    close_head: bytes
+
+    def resume_reading(self) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close_after(self, cycle: Cycle) -> None: ...
+
+    def on_response_complete(self, cycle: Cycle) -> None: ...
 
 
 class Cycle:
@@ -70,7 +86,7 @@ class Cycle:
     )
 
     def __init__(
-        self, conn: HttpProtocol, scope: dict[str, Any], keep_alive: bool, expect_continue: bool
+        self, conn: Connection, scope: dict[str, Any], keep_alive: bool, expect_continue: bool
     ) -> None:
         self.conn = conn
         self.transport = conn.transport  # generate.py bounds a stream's send buffer through it
@@ -197,7 +213,7 @@ class Cycle:
         if not more:
             self._done()
             if not self.keep_alive:
-                self.transport.close()
+                self.conn.close_after(self)
 
     def _head_bytes(self, head: Message, length: int | None) -> bytes:
         status = head["status"]
