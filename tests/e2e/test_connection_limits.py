@@ -129,6 +129,23 @@ def test_a_partial_body_is_answered_408_after_body_timeout(server: ServerProcess
     assert ready_status(server.http_port) == 200
 
 
+def test_an_early_answer_on_a_closing_connection_reaches_its_client(server: ServerProcess) -> None:
+    """A body that declares 40 MB (over the request limit), with ``Connection: close``: its
+    413 is answered before the body is read, and the server reads and drops what the client
+    still sends before it closes. Closing at once reset the connection while the client was
+    sending, and the client never read its 413."""
+    with connect(server.http_port) as sock:
+        sock.sendall(
+            b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 40000000\r\n\r\n"
+        )
+        sock.sendall(b"[" * (3 << 20))  # the client goes on sending before it reads
+        sock.shutdown(socket.SHUT_WR)
+        answer, closed = read_until_closed(sock)
+    assert closed
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+
+
 def test_keep_alive_is_announced_and_idle_connections_are_closed(server: ServerProcess) -> None:
     with connect(server.http_port) as sock:
         sock.sendall(READY)

@@ -431,6 +431,27 @@ class HttpProtocol(asyncio.Protocol):
         else:
             self._refuse(self.listener.body_timeout)
 
+    def close_after(self, cycle: Cycle) -> None:
+        """Close the connection once ``cycle``'s response is written (``Connection: close``).
+        When its request body has not all arrived (answered early: a 413 on its
+        Content-Length, say), half-close and linger as ``_refuse`` does: closing with body
+        bytes unread resets the connection, and the client never reads its answer."""
+        transport = self.transport
+        if not cycle.more_body or transport.is_closing():
+            transport.close()
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._linger()
+
+    def _linger(self) -> None:
+        self.resume_reading()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.connections.discard(self)
+        self.transport.set_protocol(_Lingering(self.transport, self.connections, self.loop))
+
     def _refuse(self, answer: bytes) -> None:
         """Answer ``answer`` and close, unless a response is already under way (then just close)."""
         cycle = self.cycle
@@ -448,12 +469,7 @@ class HttpProtocol(asyncio.Protocol):
         transport.write(answer)
         if transport.can_write_eof():
             transport.write_eof()
-        self.resume_reading()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.connections.discard(self)
-        transport.set_protocol(_Lingering(transport, self.connections, self.loop))
+        self._linger()
 
     def _log_refused(self, listener: _Listener) -> None:
         listener.refused += 1
