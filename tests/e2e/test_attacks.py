@@ -57,12 +57,12 @@ def test_attack_is_refused_and_contained(results: dict[str, tuple[Attack, Attack
     attack, r = results[name]
     assert set(r.statuses) <= attack.expect, f"{name}: got {dict(r.statuses)}, expected {set(attack.expect)}"
     assert r.worst_s < ATTACK_BOUND_S, f"{name}: the attacker waited {r.worst_s:.1f} s"
-    assert r.good_failures == 0, f"{name}: {r.good_failures} good requests failed"
-    assert r.good_requests > 0, f"{name}: the good client got no answer during the attack"
-    assert r.good_worst_s < STALL_BOUND_S, f"{name}: a good request waited {r.good_worst_s:.1f} s"
-    assert r.grpc_failures == 0, f"{name}: {r.grpc_failures} good gRPC calls failed"
-    assert r.grpc_requests > 0, f"{name}: the good gRPC client got no answer during the attack"
-    assert r.grpc_worst_s < STALL_BOUND_S, f"{name}: a good gRPC call waited {r.grpc_worst_s:.1f} s"
+    assert r.good.failed == 0, f"{name}: {r.good.failed} good requests failed"
+    assert r.good.requests > 0, f"{name}: the good client got no answer during the attack"
+    assert r.good.worst_s < STALL_BOUND_S, f"{name}: a good request waited {r.good.worst_s:.1f} s"
+    assert r.grpc.failed == 0, f"{name}: {r.grpc.failed} good gRPC calls failed"
+    assert r.grpc.requests > 0, f"{name}: the good gRPC client got no answer during the attack"
+    assert r.grpc.worst_s < STALL_BOUND_S, f"{name}: a good gRPC call waited {r.grpc.worst_s:.1f} s"
     assert r.rss_growth < RSS_BOUND, f"{name}: RSS grew {r.rss_growth >> 20} MiB"
 
 

@@ -1,11 +1,13 @@
 """Hostile and unlucky inputs replayed against a running server, and what they cost others.
 
 Each attack sends crafted requests (HTTP or gRPC) to the example repository's models
-(``fraud_mlp``, ``fraud``, ``minilm``, ``sentiment``) while a well-behaved client keeps
-calling ``fraud_mlp``. For each attack the result records the statuses the attacker
-got, its slowest answer, the server's RSS growth (read from /proc), and the slowest
-answer the well-behaved client saw meanwhile: a server that pays for an attack with
-another client's latency has not contained it.
+(``fraud_mlp``, ``fraud``, ``minilm``, ``sentiment``) while well-behaved HTTP and gRPC
+clients keep calling ``fraud_mlp`` from a process of their own (``bench/bystanders.py``).
+For each attack the result records the statuses the attacker got, its slowest answer, the
+server's RSS growth (read from /proc), and the waits the well-behaved clients saw
+meanwhile (worst and p99): a server that pays for an attack with another client's latency
+has not contained it. What an attack sends is built before its window opens
+(``Attack.prepare``): the attacker's own work is not the server's.
 
 Used by ``tests/e2e/test_attacks.py`` (assertions) and ``benchmarks/attack_suite.py``
 (the figures in docs/benchmarks.md).
@@ -13,24 +15,36 @@ Used by ``tests/e2e/test_attacks.py`` (assertions) and ``benchmarks/attack_suite
 
 from __future__ import annotations
 
+import functools
 import http.client
-import os
 import socket
 import struct
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import numpy as np
 import orjson
 
+from milliserve.bench.bystanders import Bystanders, Waits
+from milliserve.bench.drills import cpu_seconds, rss_bytes
+from milliserve.config.settings import HttpSettings
 from milliserve.protocol.proto import oip_pb2 as pb
 
-__all__ = ["ATTACKS", "Attack", "AttackResult", "Target", "attack", "cpu_seconds", "rss_bytes", "run_attacks"]
+__all__ = [
+    "ATTACKS",
+    "BASELINE",
+    "JSON_LIMIT",
+    "Attack",
+    "AttackResult",
+    "Target",
+    "attack",
+    "cpu_seconds",
+    "rss_bytes",
+    "run_attacks",
+]
 
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
 _STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -42,19 +56,6 @@ class Target:
     http_port: int
     grpc_port: int
     pid: int
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time the process has used (from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 # ---- the wire ----
@@ -104,12 +105,6 @@ def _grpc(t: Target, msg: pb.ModelInferRequest, timeout: float = 120) -> str:
         return "OK"
 
 
-def _fraud_row(t: Target) -> str:
-    x = np.random.default_rng(0).normal(size=(1, 64)).astype(np.float32)
-    doc = {"inputs": [{"name": "features", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
-    return _json(t, "fraud_mlp", doc)
-
-
 # ---- the attacks ----
 def bytes_shape_overflow_http(t: Target) -> str:
     """A BYTES tensor declaring 2**31 elements with 5 bytes of payload (121 bytes in all)."""
@@ -138,14 +133,19 @@ def shape_product_overflow_grpc(t: Target) -> str:
     return _grpc(t, msg)
 
 
-def large_rejected_grpc(t: Target) -> str:
-    """16.5 MB requests the server must refuse (wrong datatype): their memory must not stay."""
+@functools.cache
+def _large_rejected() -> pb.ModelInferRequest:
     data = np.zeros((4096 * 16, 64), np.float32).tobytes()[:16_500_000]
     msg = pb.ModelInferRequest(model_name="fraud_mlp")
     inp = msg.inputs.add(name="features", datatype="FP64")
     inp.shape.extend([len(data) // (64 * 8), 64])
     msg.raw_input_contents.append(data[: (len(data) // 512) * 512])
-    return _grpc(t, msg)
+    return msg
+
+
+def large_rejected_grpc(t: Target) -> str:
+    """16.5 MB requests the server must refuse (wrong datatype): their memory must not stay."""
+    return _grpc(t, _large_rejected())
 
 
 def bool_dim_http(t: Target) -> str:
@@ -153,21 +153,47 @@ def bool_dim_http(t: Target) -> str:
     return _json(t, "fraud_mlp", doc)
 
 
-def json_30mb_http(t: Target) -> str:
-    """A 30 MB JSON body: over the JSON limit, refused before it is decoded."""
-    rows = 30_000_000 // (64 * 16)
+# the server's default JSON body limit: the attacks below go just under it and past it
+JSON_LIMIT: int = HttpSettings.model_fields["max_json_bytes"].default
+
+
+@functools.cache
+def _json_numbers(size: int) -> bytes:
+    """A fraud_mlp request of about ``size`` bytes of JSON numbers."""
+    rows = (size - 100) // (64 * 15 + 2)
     data = b"[" + b",".join([b"0.123456789012"] * (rows * 64)) + b"]"
     head = b'{"inputs":[{"name":"features","shape":[%d,64],"datatype":"FP32","data":' % rows
-    return _http(t, "/v2/models/fraud_mlp/infer", head + data + b"}]}")
+    return head + data + b"}]}"
+
+
+def json_30mb_http(t: Target) -> str:
+    """A 30 MB JSON body: over the JSON limit, refused before it is read."""
+    return _http(t, "/v2/models/fraud_mlp/infer", _json_numbers(30_000_000))
+
+
+def json_numbers_at_limit_http(t: Target) -> str:
+    """JSON numbers just under the JSON body limit: decoded (off the event loop, in a few
+    milliseconds), then refused (more rows than fraud_mlp takes in a request)."""
+    return _http(t, "/v2/models/fraud_mlp/infer", _json_numbers(JSON_LIMIT - 4096))
+
+
+@functools.cache
+def _json_strings(size: int) -> bytes:
+    rows = (size - 100) // 14
+    data = b"[" + b",".join([b'"a few words"'] * rows) + b"]"
+    head = b'{"inputs":[{"name":"TEXT","shape":[%d,1],"datatype":"BYTES","data":' % rows
+    return head + data + b"}]}"
 
 
 def json_strings_12mb_http(t: Target) -> str:
-    """12 MB of JSON strings (a BYTES tensor of 800k texts): decoded off the event loop,
-    then refused (more rows than the pipeline batches)."""
-    rows = 800_000
-    data = b"[" + b",".join([b'"a few words"'] * rows) + b"]"
-    head = b'{"inputs":[{"name":"TEXT","shape":[%d,1],"datatype":"BYTES","data":' % rows
-    return _http(t, "/v2/models/sentiment/infer", head + data + b"}]}")
+    """12 MB of JSON strings (a BYTES tensor of 800k texts): over the JSON limit."""
+    return _http(t, "/v2/models/sentiment/infer", _json_strings(12_000_000))
+
+
+def json_strings_at_limit_http(t: Target) -> str:
+    """JSON strings just under the JSON body limit (a BYTES tensor of 150k texts): decoded
+    off the event loop, then refused (more rows than the pipeline batches)."""
+    return _http(t, "/v2/models/sentiment/infer", _json_strings(JSON_LIMIT - 4096))
 
 
 def deep_json_http(t: Target) -> str:
@@ -175,9 +201,14 @@ def deep_json_http(t: Target) -> str:
     return _http(t, "/v2/models/fraud_mlp/infer", body + b"]" * 5000 + b"}]}")
 
 
+@functools.cache
+def _text_30mb() -> bytes:
+    return b"good " * 6_000_000
+
+
 def text_30mb_http(t: Target) -> str:
     """One 30 MB text for the tokenizer: cut to the configured size, never tokenized whole."""
-    text = b"good " * 6_000_000
+    text = _text_30mb()
     return _binary(
         t,
         "sentiment",
@@ -320,15 +351,30 @@ class Attack:
     expect: frozenset[str]  # statuses (HTTP) or gRPC code names that are correct
     repeat: int = 1
     what: str = ""
+    prepare: Callable[[], object] | None = None  # builds what ``send`` sends, before the window
 
 
-def attack(name: str, send: Callable[[Target], str], expect: set[str], repeat: int = 1) -> Attack:
-    """An entry of the catalogue; its description is the first line of ``send``'s docstring."""
-    return Attack(name, send, frozenset(expect), repeat, (send.__doc__ or "").strip().split("\n")[0])
+def attack(
+    name: str,
+    send: Callable[[Target], str],
+    expect: set[str],
+    repeat: int = 1,
+    prepare: Callable[[], object] | None = None,
+) -> Attack:
+    """An entry of the catalogue; its description is the first paragraph of ``send``'s docstring."""
+    what = " ".join((send.__doc__ or "").strip().split("\n\n")[0].split())
+    return Attack(name, send, frozenset(expect), repeat, what, prepare)
+
+
+def nothing(t: Target) -> str:
+    """No attack: the good clients alone for 3 s (the machine's own noise)."""
+    time.sleep(3.0)
+    return "idle"
 
 
 _a = attack
 
+BASELINE = _a("none (the good clients alone for 3 s)", nothing, {"idle"})
 
 ATTACKS: tuple[Attack, ...] = (
     _a("BYTES shape [1, 2**31], 5-byte payload (HTTP binary)", bytes_shape_overflow_http, {"400"}, 6),
@@ -339,12 +385,35 @@ ATTACKS: tuple[Attack, ...] = (
         6,
     ),
     _a("shape [2**62, 2**62] (gRPC contents)", shape_product_overflow_grpc, {"INVALID_ARGUMENT"}),
-    _a("16.5 MB rejected requests x40 (gRPC)", large_rejected_grpc, {"INVALID_ARGUMENT"}, 40),
+    _a(
+        "16.5 MB rejected requests x40 (gRPC)",
+        large_rejected_grpc,
+        {"INVALID_ARGUMENT"},
+        40,
+        _large_rejected,
+    ),
     _a("bool dim [true, 64] (HTTP JSON)", bool_dim_http, {"400"}),
-    _a("30 MB JSON body", json_30mb_http, {"413"}),
-    _a("12 MB of JSON strings (BYTES)", json_strings_12mb_http, {"400"}),
+    _a("30 MB JSON body", json_30mb_http, {"413"}, prepare=lambda: _json_numbers(30_000_000)),
+    _a(
+        "JSON numbers just under the JSON limit",
+        json_numbers_at_limit_http,
+        {"400"},
+        prepare=lambda: _json_numbers(JSON_LIMIT - 4096),
+    ),
+    _a(
+        "12 MB of JSON strings (BYTES)",
+        json_strings_12mb_http,
+        {"413"},
+        prepare=lambda: _json_strings(12_000_000),
+    ),
+    _a(
+        "JSON strings just under the JSON limit (BYTES)",
+        json_strings_at_limit_http,
+        {"400"},
+        prepare=lambda: _json_strings(JSON_LIMIT - 4096),
+    ),
     _a("JSON nested 5000 deep", deep_json_http, {"400"}),
-    _a("30 MB text to the tokenizer", text_30mb_http, {"200", "400"}),
+    _a("30 MB text to the tokenizer", text_30mb_http, {"200", "400"}, prepare=_text_30mb),
     _a("invalid UTF-8 entity id (fraud pipeline)", invalid_utf8_entity_http, {"400"}),
     _a("MiniLM sequence of 600 tokens", sequence_over_512_http, {"400"}),
     _a("MiniLM ids and mask of different lengths", ids_mask_lengths_differ_http, {"400"}),
@@ -361,128 +430,56 @@ class AttackResult:
     name: str
     statuses: Counter[str] = field(default_factory=Counter)
     worst_s: float = 0.0
+    seconds: float = 0.0  # from the first request sent to the last answer
     rss_growth: int = 0
-    good_requests: int = 0
-    good_failures: int = 0
-    good_worst_s: float = 0.0
-    # the good gRPC client (one channel, a call every 100 ms)
-    grpc_requests: int = 0
-    grpc_failures: int = 0
-    grpc_worst_s: float = 0.0
     cpu_s: float = 0.0  # the server's CPU time while the attack ran
+    # the good clients: HTTP (a request every 2 ms) and gRPC (a call every 100 ms)
+    good: Waits = field(default_factory=Waits)
+    grpc: Waits = field(default_factory=Waits)
+
+    @property
+    def stall_s(self) -> float:
+        """The longest a good client waited for an answer while the attack ran."""
+        return max(self.good.worst_s, self.grpc.worst_s)
 
     def ok(self, attack: Attack) -> bool:
-        return set(self.statuses) <= attack.expect and not self.good_failures and not self.grpc_failures
-
-
-class _GrpcCaller:
-    """fraud_mlp over one gRPC channel that lives as long as the good client."""
-
-    def __init__(self, target: Target) -> None:
-        self.channel = grpc.insecure_channel(f"{target.host}:{target.grpc_port}")
-        self.call = self.channel.unary_unary(
-            _INFER,
-            request_serializer=pb.ModelInferRequest.SerializeToString,
-            response_deserializer=pb.ModelInferResponse.FromString,
-        )
-        self.msg = pb.ModelInferRequest(model_name="fraud_mlp")
-        inp = self.msg.inputs.add(name="features", datatype="FP32")
-        inp.shape.extend([1, 64])
-        self.msg.raw_input_contents.append(np.zeros((1, 64), np.float32).tobytes())
-
-    def __call__(self, target: Target) -> str:
-        try:
-            self.call(self.msg, timeout=30)
-        except grpc.RpcError as exc:
-            return exc.code().name  # type: ignore[no-any-return]
-        return "200"
-
-
-class _GoodClient:
-    """Calls fraud_mlp over and over (every ``interval_s``); the slowest answer per window
-    is what an attack cost it."""
-
-    def __init__(
-        self, target: Target, call: Callable[[Target], str] | None = None, interval_s: float = 0.0
-    ) -> None:
-        self.target = target
-        self.call = call or _fraud_row
-        self.interval_s = interval_s
-        self.lock = threading.Lock()
-        self.worst = 0.0
-        self.count = 0
-        self.failures = 0
-        self.last_started = 0.0  # when the latest answered request was sent
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.wait(self.interval_s):
-            t0 = time.perf_counter()
-            try:
-                status = self.call(self.target)
-            except OSError:
-                status = "error"
-            dt = time.perf_counter() - t0
-            with self.lock:
-                self.count += 1
-                self.worst = max(self.worst, dt)
-                self.failures += status != "200"
-                self.last_started = t0
-
-    def answered_since(self, t: float, timeout_s: float = 120) -> None:
-        """Wait until a request sent after ``t`` was answered (so the window covers ``t``)."""
-        end = time.perf_counter() + timeout_s
-        while self.last_started < t and time.perf_counter() < end and self.thread.is_alive():
-            time.sleep(0.005)
-
-    def window(self) -> tuple[int, int, float]:
-        with self.lock:
-            out = (self.count, self.failures, self.worst)
-            self.count = self.failures = 0
-            self.worst = 0.0
-        return out
+        return set(self.statuses) <= attack.expect and not self.good.failed and not self.grpc.failed
 
 
 def run_attacks(
-    target: Target, attacks: tuple[Attack, ...] = ATTACKS, progress: Callable[[str], None] | None = None
+    target: Target,
+    attacks: tuple[Attack, ...] = ATTACKS,
+    progress: Callable[[str], None] | None = None,
+    bystanders: Bystanders | None = None,
 ) -> list[AttackResult]:
-    """Run each attack (its repeats back to back) with a good client calling meanwhile."""
-    good = _GoodClient(target)
-    good_grpc = _GoodClient(target, _GrpcCaller(target), 0.1)
-    good.thread.start()
-    good_grpc.thread.start()
+    """Run each attack (its repeats back to back) with the good clients calling meanwhile
+    (``bystanders``, or ones started here for ``target``)."""
+    if bystanders is None:
+        with Bystanders(target.host, target.http_port, target.grpc_port) as good:
+            return run_attacks(target, attacks, progress, good)
     results = []
-    try:
-        # the good clients are answered before anything starts
-        good.answered_since(time.perf_counter())
-        good_grpc.answered_since(time.perf_counter())
-        for attack in attacks:
-            if progress:
-                progress(attack.name)
-            res = AttackResult(attack.name)
-            before = rss_bytes(target.pid)
-            cpu_before = cpu_seconds(target.pid)
-            good.window()
-            good_grpc.window()
-            for _ in range(attack.repeat):
-                t0 = time.perf_counter()
-                try:
-                    status = attack.send(target)
-                except (OSError, http.client.HTTPException) as exc:
-                    status = f"error: {exc!r}"
-                res.worst_s = max(res.worst_s, time.perf_counter() - t0)
-                res.statuses[status] += 1
-            res.cpu_s = cpu_seconds(target.pid) - cpu_before
-            res.rss_growth = max(0, rss_bytes(target.pid) - before)
-            now = time.perf_counter()  # their requests in flight then belong here
-            good.answered_since(now)
-            good_grpc.answered_since(now)
-            res.good_requests, res.good_failures, res.good_worst_s = good.window()
-            res.grpc_requests, res.grpc_failures, res.grpc_worst_s = good_grpc.window()
-            results.append(res)
-    finally:
-        for client in (good, good_grpc):
-            client.stop.set()
-            client.thread.join(timeout=120)
+    for attack in attacks:
+        if progress:
+            progress(attack.name)
+        if attack.prepare is not None:
+            attack.prepare()
+        res = AttackResult(attack.name)
+        before = rss_bytes(target.pid)
+        cpu_before = cpu_seconds(target.pid)
+        start = time.perf_counter()
+        for _ in range(attack.repeat):
+            t0 = time.perf_counter()
+            try:
+                status = attack.send(target)
+            except (OSError, http.client.HTTPException) as exc:
+                status = f"error: {exc!r}"
+            res.worst_s = max(res.worst_s, time.perf_counter() - t0)
+            res.statuses[status] += 1
+        end = time.perf_counter()
+        res.seconds = end - start
+        res.cpu_s = cpu_seconds(target.pid) - cpu_before
+        res.rss_growth = max(0, rss_bytes(target.pid) - before)
+        waits = bystanders.window(start, end)
+        res.good, res.grpc = waits["http"], waits["grpc"]
+        results.append(res)
     return results
