@@ -138,6 +138,10 @@ def test_a_stream_nobody_reads_is_cancelled_and_frees_its_slot(server: ServerPro
     s.connect((t.host, t.port))
     try:
         s.sendall(_chat(t, "Write a very long essay.", max_tokens=1500, ignore_eos=True, stream=True))
+        head = b""
+        while b"\r\n\r\n" not in head and (more := s.recv(1)):  # the head only, then nothing
+            head += more
+        assert head.startswith(b"HTTP/1.1 200 "), head  # the stream began (not a refusal)
         wait_until(
             lambda: metric(t.metrics_url, "milliserve_generation_finished_total", reason="abort") > aborted,
             180,

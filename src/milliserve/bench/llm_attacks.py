@@ -5,13 +5,14 @@ another address (127.0.0.2: another host, as the server sees it) asks for a shor
 completion over and over; its time to first token is what the attack cost others. After
 each attack the engine must be back to no running sequence within a few seconds.
 
-Used by ``tests/e2e/test_llm_attacks.py`` (assertions) and ``benchmarks/attack_suite.py``
-(the figures in docs/benchmarks.md).
+Used by ``tests/e2e/test_llm_admission.py`` (its clients) and ``benchmarks/attack_suite.py``
+(the figures in docs/benchmarks.md; ``--quick`` runs them smaller, ``LlmTarget.quick``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import threading
 import time
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from milliserve.bench.attacks import cpu_seconds, rss_bytes
+from milliserve.bench.drills import cpu_seconds, rss_bytes
 
 __all__ = [
     "LLM_ATTACKS",
@@ -45,12 +46,18 @@ class LlmTarget:
     metrics_url: str
     pid: int
     model: str = "smollm2"
+    quick: bool = False  # the same attacks, smaller: to check the suite, not to measure
+
+    def n(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
 
 
 def _request(t: LlmTarget, path: str, body: bytes, extra: str = "") -> bytes:
+    # one request per connection: the server closes it after the answer (kept alive, an
+    # attacker reading to the end waited the keep-alive's 5 s each time)
     return (
         f"POST {path} HTTP/1.1\r\nHost: {t.host}\r\nContent-Type: application/json\r\n{extra}"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
 
 
@@ -72,7 +79,9 @@ def metric(url: str, name: str, **labels: str) -> float:
 
 def good_stream(t: LlmTarget, source: str = GOOD_SOURCE, timeout: float = 60) -> tuple[str, float]:
     """One short streamed chat from ``source``: its status and time to the first content
-    chunk (``inf`` when none came)."""
+    chunk (``inf`` when none came). A refusal's status carries the start of its message
+    (``429: model 'smollm2': the first token would come in...``), so that a failed
+    assertion says why."""
     t0 = time.perf_counter()
     with socket.create_connection((t.host, t.port), timeout=timeout, source_address=(source, 0)) as s:
         s.sendall(_chat(t, "Name a colour.", max_tokens=4, temperature=0, stream=True))
@@ -84,14 +93,20 @@ def good_stream(t: LlmTarget, source: str = GOOD_SOURCE, timeout: float = 60) ->
             got += more
         status = got.split(b" ", 2)[1].decode()
         if status != "200":
-            return status, float("inf")
+            head, _, body = got.partition(b"\r\n\r\n")
+            found = re.search(rb"content-length: *(\d+)", head, re.I)
+            while found and len(body) < int(found.group(1)) and (more := s.recv(65536)):
+                body += more
+            return f"{status}: {body[:200].decode(errors='replace')}", float("inf")
         while b'"content":"' not in got.split(b"\r\n\r\n", 1)[1].replace(b'"content":""', b""):
             more = s.recv(65536)
             if not more:
                 return "closed", float("inf")
             got += more
         ttft = time.perf_counter() - t0
-        while not got.endswith(b"data: [DONE]\n\n") and (more := s.recv(65536)):  # read it all
+        # read it all: to the last event (chunked, so the body ends after it; waiting for the
+        # connection's end instead took the server's keep-alive, 5 s, for each request)
+        while b"data: [DONE]" not in got and (more := s.recv(65536)):
             got += more
     return status, ttft
 
@@ -138,25 +153,25 @@ async def _many(
 def flood_300(t: LlmTarget) -> Counter[str]:
     """One client sends 300 chat requests at once (64 tokens each), far past max_queue."""
     body = _chat(t, "Write a story about a dragon.", max_tokens=64, ignore_eos=True)
-    return asyncio.run(_many(t, [body] * 300))
+    return asyncio.run(_many(t, [body] * t.n(300, 100)))
 
 
 def flood_long_streams(t: LlmTarget) -> Counter[str]:
     """One client holds every slot with 16 streams of 600 tokens, and reads them all."""
-    body = _chat(t, "Write a very long essay.", max_tokens=600, ignore_eos=True, stream=True)
+    body = _chat(t, "Write a very long essay.", max_tokens=t.n(600, 100), ignore_eos=True, stream=True)
     return asyncio.run(_many(t, [body] * 16))
 
 
 def never_reading_streams(t: LlmTarget) -> Counter[str]:
     """64 streaming clients (1500 tokens each) that never read, held for 20 s, then gone."""
     body = _chat(t, "Write a very long essay.", max_tokens=1500, ignore_eos=True, stream=True)
-    return asyncio.run(_many(t, [body] * 64, read=False, hold_s=20.0))
+    return asyncio.run(_many(t, [body] * t.n(64, 32), read=False, hold_s=t.n(20, 8)))
 
 
 def disconnect_storm(t: LlmTarget) -> Counter[str]:
     """100 streams that leave as soon as their first chunk came."""
     body = _chat(t, "Write a long essay.", max_tokens=1000, ignore_eos=True, stream=True)
-    return asyncio.run(_many(t, [body] * 100, first_chunk=True))
+    return asyncio.run(_many(t, [body] * t.n(100, 40), first_chunk=True))
 
 
 def megabyte_prompt(t: LlmTarget) -> Counter[str]:
@@ -276,6 +291,7 @@ class GoodStreamer:
         self.lock = threading.Lock()
         self.ttfts: list[float] = []
         self.failures: Counter[str] = Counter()
+        self.examples: dict[str, str] = {}  # a refusal's message, per status
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -289,12 +305,19 @@ class GoodStreamer:
                 if status == "200":
                     self.ttfts.append(ttft)
                 else:
-                    self.failures[status] += 1
+                    code = status.split(":", 1)[0]
+                    self.failures[code] += 1
+                    self.examples.setdefault(code, status)
 
     def window(self) -> tuple[list[float], Counter[str]]:
         with self.lock:
             out = (self.ttfts, self.failures)
             self.ttfts, self.failures = [], Counter()
+        return out
+
+    def take_examples(self) -> dict[str, str]:
+        with self.lock:
+            out, self.examples = self.examples, {}
         return out
 
 
@@ -307,6 +330,7 @@ class LlmAttackResult:
     cpu_s: float = 0.0
     good_ttfts: list[float] = field(default_factory=list)
     good_failures: Counter[str] = field(default_factory=Counter)
+    good_examples: dict[str, str] = field(default_factory=dict)  # a refusal's message per status
     running_after: float = 0.0  # sequences still running a few seconds after the attack
     settle_s: float = 0.0  # how long the engine took to be back to no running sequence
 
@@ -340,6 +364,7 @@ def run_llm_attacks(
             res = LlmAttackResult(attack.name)
             rss0, cpu0 = rss_bytes(target.pid), cpu_seconds(target.pid)
             good.window()
+            good.take_examples()
             t0 = time.perf_counter()
             try:
                 res.statuses = attack.send(target)
@@ -362,6 +387,7 @@ def run_llm_attacks(
                         break
                 time.sleep(0.05)
             res.good_ttfts, res.good_failures = good.window()
+            res.good_examples = good.take_examples()
             results.append(res)
     finally:
         good.stop.set()
