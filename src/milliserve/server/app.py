@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -379,6 +380,14 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, got_signal.set)
         await self.start()
+        if self.settings.model_control_mode == "none":
+            # what loading made (sessions, tokenizers, pipelines: most of the heap) lives as
+            # long as the process: out of the collector's way, a full collection walks only
+            # what requests made. It walked everything, 50-70 ms with the example repository,
+            # and every client waited that long (issue 24, item 5). Not with model control:
+            # a model unloaded must be collectable.
+            gc.collect()
+            gc.freeze()
         await got_signal.wait()
         log.info("signal received: draining in-flight requests")
         await self.stop()
