@@ -72,6 +72,10 @@ def main() -> None:
     attacks = attacks_section(catalogue, one, before, alive and alive2, tracebacks + tracebacks2)
     reliability = reliability_section(catalogue, one, two, drills)
     for name, body in (("attacks", attacks), ("reliability", reliability)):
+        if args.quick:
+            title, rest = body.split("\n", 1)
+            note = "**Quick run (`--quick`): a few attacks, to check the script; not figures.**"
+            body = f"{title}\n\n{note}\n{rest}"
         if out is not None:
             write_section(name, body, out)
         print(body)
@@ -307,7 +311,12 @@ def reliability_section(
         f"{max(r.stall_s for r in two[1:]) * 1e3:.1f} ms with two workers (goal: under {GOAL_MS:.0f} ms).",
         "",
     ]
-    return "\n".join(lines)
+    for (name, workers), d in drills.items():
+        outcomes = {k: v for k, v in d.outcomes.items() if k not in ("ok", "refused")}
+        if outcomes:  # what the clients were told, by the phase the call ended in
+            seen = "; ".join(f"`{k}` ×{v}" for k, v in sorted(outcomes.items()))
+            lines.append(f"- {name}, {workers} worker(s), calls lost: {seen}")
+    return "\n".join(lines) + "\n"
 
 
 def llm_section(out: Path | None, quick: bool) -> None:
