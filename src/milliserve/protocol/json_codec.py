@@ -167,7 +167,7 @@ def _requested_outputs(doc: dict[str, Any]) -> list[RequestedOutput] | None:
 
 
 def decode_infer_request(
-    body: bytes,
+    body: bytes | bytearray,
     header_length: int | None,
     model_name: str,
     model_version: str,
@@ -181,14 +181,14 @@ def decode_infer_request(
     does not fit its declared datatype or shape.
     """
     if header_length is None:
-        doc = decode_json_object(body)
+        doc = decode_json_object(memoryview(body))
         binary = memoryview(b"")
     else:
         if header_length < 0 or header_length > len(body):
             raise MalformedRequestError(
                 f"Inference-Header-Content-Length is {header_length} but the body has {len(body)} bytes"
             )
-        view = memoryview(body)
+        view = memoryview(body).toreadonly()  # the arrays read the body, and cannot change it
         doc = decode_json_object(view[:header_length])
         binary = view[header_length:]
 
