@@ -40,7 +40,16 @@ from milliserve.server.grpc.servicer import CallCount, build_grpc_server
 from milliserve.server.http.app import HttpApp
 from milliserve.server.http.connection import ConnectionLimits, protocol_class
 from milliserve.server.http.edge_files import EdgeFiles
-from milliserve.server.listeners import GRPC, HTTP, METRICS, WorkerSlot, bind_grpc, bind_tcp, inherited
+from milliserve.server.listeners import (
+    GRPC,
+    HTTP,
+    METRICS,
+    WorkerSlot,
+    accept_waiting,
+    bind_grpc,
+    bind_tcp,
+    inherited,
+)
 from milliserve.server.metrics_app import MetricsApp
 from milliserve.server.peers import Peers
 from milliserve.server.shm.service import SharedMemoryService
@@ -57,9 +66,27 @@ METRICS_MAX_CONNECTIONS = 64
 class _Uvicorn(uvicorn.Server):
     """uvicorn without its own signal handling: the Server owns signals and shutdown order."""
 
+    listen_sock: socket.socket | None = None
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Connections the kernel has completed but the loop has not accepted yet are reset
+        # when the listening socket closes, and their clients may have sent a request on
+        # them already (lost: they cannot tell whether it ran). With --workers the socket is
+        # shared, and a busy worker leaves some there. Take them in first: the protocol's
+        # shutdown then answers their requests with Connection: close.
+        config = self.config
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        await accept_waiting(self.listen_sock, protocol)
+        await super().shutdown(sockets)  # closes the listener before it awaits anything
 
 
 class Server:
@@ -177,6 +204,7 @@ class Server:
         return _Uvicorn(config)
 
     async def _start_uvicorn(self, server: _Uvicorn, sock: socket.socket, what: str) -> None:
+        server.listen_sock = sock
         task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn-{what}")
         while not server.started:
             if task.done():

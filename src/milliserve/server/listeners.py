@@ -10,14 +10,26 @@ holds the gRPC port, which the workers' gRPC servers share with SO_REUSEPORT.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from milliserve.errors import ConfigError
 
-__all__ = ["GRPC", "HTTP", "METRICS", "Listener", "WorkerSlot", "bind_grpc", "bind_tcp", "inherited"]
+__all__ = [
+    "GRPC",
+    "HTTP",
+    "METRICS",
+    "Listener",
+    "WorkerSlot",
+    "accept_waiting",
+    "bind_grpc",
+    "bind_tcp",
+    "inherited",
+]
 
 # pending connections the kernel queues before accept (uvicorn's default)
 BACKLOG = 2048
@@ -107,3 +119,28 @@ def bind_grpc(server: Any, host: str, port: int, shared: bool = False) -> int:
     if bound == 0:
         raise ConfigError(f"cannot listen on {host} port {port} for gRPC (grpc could not bind {address})")
     return bound
+
+
+async def accept_waiting(sock: socket.socket | None, protocol: Callable[[], asyncio.Protocol]) -> int:
+    """Accept the connections waiting in ``sock``'s backlog, with ``protocol``; returns how
+    many. Call it right before the listener closes: a connection the kernel completed but
+    nobody accepted is reset at the close, and its client may have sent a request on it
+    already (lost: it cannot tell whether it ran). Under ``--workers`` a busy worker leaves
+    such connections behind. The caller closes the listener before it awaits anything else."""
+    if sock is None or sock.fileno() < 0:
+        return 0
+    loop = asyncio.get_running_loop()
+    total = 0
+    while True:
+        accepted = []
+        for _ in range(1024):
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # BlockingIOError: none waiting
+                break
+            conn.setblocking(False)
+            accepted.append(loop.connect_accepted_socket(protocol, conn))
+        if not accepted:
+            return total
+        total += len(accepted)
+        await asyncio.gather(*accepted, return_exceptions=True)

@@ -22,6 +22,7 @@ from milliserve.server.grpc.frames import ENHANCE_YOUR_CALM, ConnectionStats, Gr
 from milliserve.server.grpc.http2 import Http2Protocol
 from milliserve.server.grpc.servicer import SERVICE_NAME, CallCount, service_methods
 from milliserve.server.grpc.turns import TurnBudget
+from milliserve.server.listeners import accept_waiting
 from milliserve.server.shm.service import SharedMemoryService
 
 __all__ = ["NativeGrpcServer"]
@@ -59,6 +60,7 @@ class NativeGrpcServer:
         self.connections: set[Http2Protocol] = set()
         self._per_peer: Counter[str] = Counter()
         self._server: asyncio.AbstractServer | None = None
+        self._sock: socket.socket | None = None
         self.refused_connections = 0
 
     def figures(self) -> dict[str, int]:
@@ -82,10 +84,14 @@ class NativeGrpcServer:
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        self._sock = sock
         self._server = await loop.create_server(self._protocol, sock=sock, backlog=2048)
 
     async def stop(self, grace: float) -> None:
         """Stop accepting; let every call already sent finish (up to ``grace`` s)."""
+        # the connections in the backlog (with --workers each worker has its own, on the
+        # shared port): taken in and sent GOAWAY below, rather than reset by the close
+        await accept_waiting(self._sock, self._protocol)
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
