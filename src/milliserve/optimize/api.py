@@ -242,6 +242,7 @@ def optimize(
         finalists=final,
         final_rounds=final_rounds,
         why=why,
+        item_shapes={name: [int(d) for d in arr.shape[1:]] for name, arr in data.inputs.items()},
     )
     base_b1 = timings.get("fp32", {}).get("p50_b1_us")
     for v in variants:

@@ -39,6 +39,9 @@ class OptimizeReport:
     batches: list[int] = field(default_factory=lambda: list(BATCHES))
     finalists: list[str] = field(default_factory=list)
     final_rounds: int = 0
+    # each input's shape per item (after the batch dimension) in the timing runs: the eval
+    # set's rows, so a speed-up holds for inputs of that size (a sequence model's length)
+    item_shapes: dict[str, list[int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -65,6 +68,17 @@ def _ci(r: dict[str, Any]) -> str:
     return f"{p:.2f}× ({lo:.2f}–{hi:.2f})" if not math.isnan(lo) else f"{p:.2f}×"
 
 
+def _shapes(shapes: dict[str, list[int]]) -> str:
+    """', each input [batch, ...]' as timed: the figures hold for inputs of these sizes."""
+    if not shapes:
+        return ""
+    each = ", ".join(
+        f"{name} [batch, {', '.join(map(str, dims))}]" if dims else f"{name} [batch]"
+        for name, dims in shapes.items()
+    )
+    return f" ({each}; the speed-ups hold for inputs of that size)"
+
+
 def write_reports(report: OptimizeReport, output: Path) -> None:
     output.mkdir(parents=True, exist_ok=True)
     (output / "report.json").write_text(json.dumps(_strict(report.as_dict()), indent=2, default=str))
@@ -74,7 +88,8 @@ def write_reports(report: OptimizeReport, output: Path) -> None:
         f"# Optimisation report: {report.source}",
         "",
         f"CPU: {report.cpu['model']} ({report.cpu['cores']} cores, flags {' '.join(report.cpu['flags'])}); "
-        f"{report.threads} inference thread(s); variants timed round-robin in one process.",
+        f"{report.threads} inference thread(s); variants timed round-robin in one process, "
+        f"on the evaluation set's rows{_shapes(report.item_shapes)}.",
         f"Metric: {report.metric} (FP32 {report.reference:.4f}), tolerance {report.tolerance}; "
         f"ranked on {report.latency_key}; shipped: **{report.winner or 'nothing'}**. {report.why}.",
         "",
