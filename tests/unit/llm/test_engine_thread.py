@@ -51,3 +51,40 @@ def test_every_decode_runs_on_the_engine_thread(llm_repo: Path, monkeypatch: pyt
     assert len(callers) > 4  # the warm-up's steps and the request's
     assert len(set(callers)) == 1, "llama_decode ran on more than one thread"
     assert callers[0] != threading.get_ident()
+
+
+def test_a_drafted_token_learned_as_free_does_not_stop_the_engine(
+    llm_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a loaded machine the warm-up's three one-token steps can all be slowed and its
+    step with drafts not, so a drafted token measured as costing nothing: the next
+    speculative step took math.log(0), the engine thread stopped and every request got
+    'the generation engine failed'. The grounded prompt makes drafts to weigh."""
+    from milliserve.llm.engine import Engine
+
+    warmup = Engine.warmup
+
+    def free_drafts(self: Engine) -> None:
+        warmup(self)
+        self.draft_token_s = 0.0
+
+    monkeypatch.setattr(Engine, "warmup", free_drafts)
+    model_dir = llm_repo / "smollm2"
+    text = "The council voted to build new bicycle lanes on Oak Avenue next year."
+    prompt = f"Repeat this text word for word.\n\nText: {text}\n\nRepeated text: The council"
+
+    async def main() -> str:
+        servable = await GenerativeServable.load(
+            load_model_config(model_dir), "smollm2", "1", model_dir / "1", Executor()
+        )
+        try:
+            out, _ = await servable.complete(
+                parse_generate(
+                    {"text_input": prompt, "max_tokens": 16, "temperature": 0, "speculative": True}
+                )
+            )
+            return out
+        finally:
+            await servable.close()
+
+    assert "bicycle" in asyncio.run(main())
