@@ -40,12 +40,12 @@ def _script() -> str:
         return path.name
 
 
-def write_section(name: str, body: str, doc: Path = DOC) -> None:
+def write_section(name: str, body: str, doc: Path = DOC, script: str | None = None) -> None:
     """Replace (or append) the section ``name`` of ``doc`` with ``body``, its opening marker
-    naming the running script and the hash of ``body``."""
+    naming ``script`` (default: the running script) and the hash of ``body``."""
     text = doc.read_text() if doc.exists() else HEADER
     body = body.rstrip()
-    start = f"<!-- section:{name} by {_script()} sha256:{section_digest(body)} -->"
+    start = f"<!-- section:{name} by {script or _script()} sha256:{section_digest(body)} -->"
     end = f"<!-- /section:{name} -->"
     block = f"{start}\n{body}\n{end}"
     pattern = re.compile(re.escape(f"<!-- section:{name}") + r"( [^>]*)? -->.*?" + re.escape(end), re.S)
