@@ -40,7 +40,8 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))
 
 import peer_settings  # noqa: E402
-from report_sections import bench_level, write_section  # noqa: E402
+from report_sections import bench_level, commit, write_section  # noqa: E402
+from server_overhead import cpu_description  # noqa: E402
 
 from milliserve.examples.fraud_mlp import FEATURES, build_fraud_mlp  # noqa: E402
 from milliserve.testing import ServerProcess, free_port  # noqa: E402
@@ -120,10 +121,10 @@ def mlserver_dir(work: Path, model: Path, batch: int, port: int) -> Path:
         "parameters": {"uri": str(model)},
     }
     if batch > 1:
-        m = peer_settings.MLSERVER
+        ml = peer_settings.MLSERVER
         settings |= {
-            "max_batch_size": int(m["max_batch_size"][0]),
-            "max_batch_time": float(m["max_batch_time"][0]),
+            "max_batch_size": int(ml["max_batch_size"][0]),
+            "max_batch_time": float(ml["max_batch_time"][0]),
         }
     (m / "model-settings.json").write_text(json.dumps(settings))
     return d
@@ -253,7 +254,8 @@ def main() -> None:
     lines = [
         "## Python serving peers",
         "",
-        f"`python benchmarks/peers/run_peers.py --rounds {args.rounds} --seconds {args.seconds}`: the "
+        f"`python benchmarks/peers/run_peers.py --rounds {args.rounds} --seconds {args.seconds}` at commit "
+        f"{commit()} ({cpu_description()}): the "
         "example fraud_mlp (64→256→256→2) on each server, one server up at a time, `milliserve bench` "
         f"driving it ({args.rounds} rounds, the servers' order rotating, {args.seconds} s per level after "
         "1 s of warmup; medians), one OIP JSON request of one row. Client and server share the 2 vCPUs. "
