@@ -44,4 +44,8 @@ if __name__ == "__main__":
     batch = int(sys.argv[3])
     timeout = float(sys.argv[4]) if batch > 1 else 0.0
     api = FraudAPI(max_batch_size=batch, batch_timeout=timeout, api_path="/v2/models/fraud_mlp/infer")
-    ls.LitServer(api, accelerator="cpu", workers_per_device=1).run(port=int(sys.argv[2]), host="127.0.0.1")
+    ls.LitServer(api, accelerator="cpu", workers_per_device=1).run(
+        port=int(sys.argv[2]),
+        host="127.0.0.1",
+        generate_client_file=False,  # no client.py left in the tree
+    )
