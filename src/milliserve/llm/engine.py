@@ -454,12 +454,12 @@ class Engine:
     def _learn(self, dt: float, prefilled: int, drafted: int) -> None:
         if prefilled == 0 and drafted:
             per = max(0.0, dt - self.step_s) / drafted
-            self.draft_token_s = 0.8 * self.draft_token_s + 0.2 * per
+            self.draft_token_s = _toward(self.draft_token_s, per)
         elif prefilled == 0:
-            self.step_s = 0.8 * self.step_s + 0.2 * dt
+            self.step_s = _toward(self.step_s, dt)
         elif prefilled >= 16:
             per = max(0.0, dt - self.step_s) / prefilled
-            self.prefill_token_s = 0.8 * self.prefill_token_s + 0.2 * per
+            self.prefill_token_s = _toward(self.prefill_token_s, per)
 
     def _slot_for(self, prompt: list[int]) -> int:
         """The free slot a request takes: one that keeps the running slots as few runs of
@@ -697,3 +697,18 @@ class Engine:
     def _count(self, reason: str) -> None:
         f = self.stats.finished
         f[reason] = f.get(reason, 0) + 1
+
+
+# A step the machine slowed (the engine thread descheduled, a burst of other work) moves an
+# estimate by at most this many times its value before the average: one 16-token prefill
+# stalled for a second had made a prompt token cost 60 ms instead of 3, and admission
+# refused a 20-token prompt beside two streams as "about 5 s" over its TTFT budget. A
+# machine that stays slower still moves the estimate there, by up to 1.4x a step.
+OUTLIER = 3.0
+
+
+def _toward(old: float, sample: float) -> float:
+    """The estimate ``old`` after one more measurement ``sample`` (an EWMA of samples
+    clipped at OUTLIER times the estimate, floored at 0.1 ms so a zero can still grow)."""
+    return 0.8 * old + 0.2 * min(sample, OUTLIER * max(old, 1e-4))
+
