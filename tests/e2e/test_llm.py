@@ -10,6 +10,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,16 @@ def _no_budget_repo(tmp_path: Path, llm_repo: Path) -> Path:
     return repo
 
 
-def test_eight_streams_interleave(tmp_path: Path, llm_repo: Path) -> None:
+@pytest.fixture(scope="module")
+def free_server(tmp_path_factory: pytest.TempPathFactory, llm_repo: Path) -> Iterator[ServerProcess]:
+    """The smollm2 example without a TTFT budget, for tests of what several requests decoded
+    together give: on a loaded machine the example's 1 s budget refuses some of 8 requests
+    sent at once (its estimate honestly over budget), and those would not be batched."""
+    with ServerProcess(_no_budget_repo(tmp_path_factory.mktemp("free"), llm_repo)) as server:
+        yield server
+
+
+def test_eight_streams_interleave(free_server: ServerProcess) -> None:
     """Continuous batching: 8 streams sent together all decode together. The model has no
     TTFT budget here, so a loaded machine cannot refuse (and so delay) any of them; each
     generates 48 tokens, long after all 8 have had their first."""
@@ -151,8 +161,7 @@ def test_eight_streams_interleave(tmp_path: Path, llm_repo: Path) -> None:
         await ac.close()
         return firsts, ends
 
-    with ServerProcess(_no_budget_repo(tmp_path, llm_repo)) as server:
-        firsts, ends = asyncio.run(main(server.http_url))
+    firsts, ends = asyncio.run(main(free_server.http_url))
     assert len(firsts) == 8 and len(ends) == 8
     # every stream had its first token before any stream ended: all 8 were decoding at once
     assert max(firsts) < min(ends), "some streams decoded alone"
@@ -475,9 +484,11 @@ def test_budget_refuses_what_cannot_meet_ttft(tmp_path: Path, llm_repo: Path) ->
     assert refused[0]["error"]["type"] == "rate_limit_error"
 
 
-def test_batched_greedy_output_is_the_lone_output(llm_server: ServerProcess) -> None:
+def test_batched_greedy_output_is_the_lone_output(free_server: ServerProcess) -> None:
     """Eight greedy completions decoded together give what each gives alone (one KV buffer
-    per sequence; llama.cpp's unified buffer was seen to drift after 0-24 tokens)."""
+    per sequence; llama.cpp's unified buffer was seen to drift after 0-24 tokens). On a
+    server without a TTFT budget, so that none of the eight is refused on a loaded machine."""
+    llm_server = free_server
     prompts = [*PROMPTS, "Once upon a time,", "The three laws of robotics are", "Water boils at", "In 1969,"]
 
     def body(p: str) -> dict[str, Any]:
