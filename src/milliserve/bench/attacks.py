@@ -417,7 +417,7 @@ ATTACKS: tuple[Attack, ...] = (
         large_rejected_grpc,
         {"INVALID_ARGUMENT"},
         40,
-        _large_rejected,
+        lambda _: _large_rejected(),
     ),
     _a("bool dim [true, 64] (HTTP JSON)", bool_dim_http, {"400"}),
     _a("30 MB JSON body", json_30mb_http, {"413"}, prepare=lambda _: _json_numbers(30_000_000)),

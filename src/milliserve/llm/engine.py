@@ -711,4 +711,3 @@ def _toward(old: float, sample: float) -> float:
     """The estimate ``old`` after one more measurement ``sample`` (an EWMA of samples
     clipped at OUTLIER times the estimate, floored at 0.1 ms so a zero can still grow)."""
     return 0.8 * old + 0.2 * min(sample, OUTLIER * max(old, 1e-4))
-
