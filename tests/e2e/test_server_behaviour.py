@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -121,19 +124,33 @@ def test_sigterm_finishes_requests_in_flight_then_exits(
 ) -> None:
     """SIGTERM as soon as the first of 6 concurrent requests reached the model: the others are
     still on the wire or being read. Every one is answered (gRPC used to cancel the calls it
-    had received but not yet started), then the server exits 0."""
+    had received but not yet started), then the server exits 0.
+
+    Each client connects before the signal: one that had not called connect() yet (its thread
+    not scheduled, on a loaded machine) finds the listener closed, as it would on any server."""
     write_slow(tmp_path, config=SLOW_QUEUE.replace("max_queue_size: 2", "max_queue_size: 16"))
     srv = ServerProcess(tmp_path).start()
     assert srv.proc is not None
     x = np.ones((1, 256, 256), np.float32)
+    connected = threading.Semaphore(0)
+    body = json.dumps(slow_body(1)).encode()
 
     def call(_: int) -> str:
         if protocol == "http":
-            r = httpx.post(f"http://{srv.http_url}/v2/models/slow/infer", json=slow_body(1), timeout=60)
-            return str(r.status_code)
+            host, port = srv.http_url.split(":")
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            try:
+                conn.connect()
+                connected.release()
+                conn.request("POST", "/v2/models/slow/infer", body, {"Content-Type": "application/json"})
+                return str(conn.getresponse().status)
+            finally:
+                conn.close()
         with grpcclient.InferenceServerClient(srv.grpc_url) as g:
             inp = grpcclient.InferInput("X", [1, 256, 256], "FP32")
             inp.set_data_from_numpy(x)
+            assert g.is_server_live()  # the channel's connection is up
+            connected.release()
             try:
                 g.infer("slow", [inp], client_timeout=60)
             except InferenceServerException as exc:
@@ -142,6 +159,8 @@ def test_sigterm_finishes_requests_in_flight_then_exits(
 
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(call, i) for i in range(6)]
+        for _ in range(6):
+            assert connected.acquire(timeout=60), "a client could not connect"
         wait_until(lambda: pending(srv) >= 1)
         srv.proc.send_signal(signal.SIGTERM)
         codes = [f.result() for f in futures]
