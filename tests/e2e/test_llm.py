@@ -488,18 +488,17 @@ def test_batched_greedy_output_is_the_lone_output(free_server: ServerProcess) ->
     """Eight greedy completions decoded together give what each gives alone (one KV buffer
     per sequence; llama.cpp's unified buffer was seen to drift after 0-24 tokens). On a
     server without a TTFT budget, so that none of the eight is refused on a loaded machine."""
-    llm_server = free_server
     prompts = [*PROMPTS, "Once upon a time,", "The three laws of robotics are", "Water boils at", "In 1969,"]
 
     def body(p: str) -> dict[str, Any]:
         return {"model": MODEL, "prompt": p, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
 
-    alone = [_post(llm_server, "/v1/completions", body(p))[1]["choices"][0]["text"] for p in prompts]
+    alone = [_post(free_server, "/v1/completions", body(p))[1]["choices"][0]["text"] for p in prompts]
 
     async def together() -> list[str]:
         loop = asyncio.get_running_loop()
         got = await asyncio.gather(
-            *(loop.run_in_executor(None, _post, llm_server, "/v1/completions", body(p)) for p in prompts)
+            *(loop.run_in_executor(None, _post, free_server, "/v1/completions", body(p)) for p in prompts)
         )
         return [doc["choices"][0]["text"] for _, doc in got]
 

@@ -20,7 +20,6 @@ import http.client
 import socket
 import struct
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -244,14 +243,18 @@ def invalid_utf8_entity_http(t: Target) -> str:
     )
 
 
-def _ids(t: Target, ids: int, mask: int) -> str:
-    doc = {
+def _minilm_doc(rows: int, ids: int, mask: int) -> dict[str, object]:
+    """A MiniLM request of ``rows`` rows: ``ids`` token ids and ``mask`` mask entries each."""
+    return {
         "inputs": [
-            {"name": "input_ids", "shape": [1, ids], "datatype": "INT64", "data": [101] * ids},
-            {"name": "attention_mask", "shape": [1, mask], "datatype": "INT64", "data": [1] * mask},
+            {"name": name, "shape": [rows, n], "datatype": "INT64", "data": [value] * (rows * n)}
+            for name, n, value in (("input_ids", ids, 101), ("attention_mask", mask, 1))
         ]
     }
-    return _json(t, "minilm", doc)
+
+
+def _ids(t: Target, ids: int, mask: int) -> str:
+    return _json(t, "minilm", _minilm_doc(1, ids, mask))
 
 
 def sequence_over_512_http(t: Target) -> str:
@@ -295,32 +298,21 @@ def largest_minilm_batch(t: Target) -> None:
     grows to the working set of the largest batch it has run (about 300 MiB for 32 x 256
     tokens) and keeps it, whoever sent that batch. Measured from here, the storm's RSS
     growth is what it costs beyond what any client of the model may cost."""
-    base = f"http://{t.host}:{t.http_port}/v2/models/minilm"
-    with urllib.request.urlopen(f"{base}/config", timeout=60) as resp:
-        rows = max(1, int(orjson.loads(resp.read())["max_batch_size"]))
-    shape, n = [rows, STORM_TOKENS], rows * STORM_TOKENS
-    doc = {
-        "inputs": [
-            {"name": "input_ids", "shape": shape, "datatype": "INT64", "data": [101] * n},
-            {"name": "attention_mask", "shape": shape, "datatype": "INT64", "data": [1] * n},
-        ]
-    }
-    req = urllib.request.Request(f"{base}/infer", data=orjson.dumps(doc), method="POST")
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        resp.read()  # a 4xx or 5xx raises
+    conn = http.client.HTTPConnection(t.host, t.http_port, timeout=60)
+    try:
+        conn.request("GET", "/v2/models/minilm/config")
+        rows = max(1, int(orjson.loads(conn.getresponse().read())["max_batch_size"]))
+    finally:
+        conn.close()
+    status = _json(t, "minilm", _minilm_doc(rows, STORM_TOKENS, STORM_TOKENS))
+    if status != "200":
+        raise RuntimeError(f"the largest MiniLM batch ({rows} x {STORM_TOKENS}) got {status}")
 
 
 def disconnect_storm_http(t: Target) -> str:
     """200 clients send a MiniLM request of 256 tokens each and leave without reading: the
     server must not compute what nobody will read (the good clients wait behind it if it does)."""
-    n = 256
-    doc = {
-        "inputs": [
-            {"name": "input_ids", "shape": [1, n], "datatype": "INT64", "data": [101] * n},
-            {"name": "attention_mask", "shape": [1, n], "datatype": "INT64", "data": [1] * n},
-        ]
-    }
-    body = orjson.dumps(doc)
+    body = orjson.dumps(_minilm_doc(1, STORM_TOKENS, STORM_TOKENS))
     head = (
         f"POST /v2/models/minilm/infer HTTP/1.1\r\nHost: {t.host}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
