@@ -104,11 +104,22 @@ async def wait_until_async(
         await asyncio.sleep(interval_s)
 
 
+# every port free_port() has returned in this process
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, and that no earlier call in this
+    process returned: the kernel may hand a port it just gave out to the next ``bind`` again
+    (the tutorial test's gRPC port and Redis port were once the same, and the server it
+    started could not listen)."""
+    while True:
+        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 class ServerProcess:
