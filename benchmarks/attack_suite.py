@@ -95,7 +95,7 @@ def _attack_server(
         assert srv.proc is not None
         if args:
             wait_until(lambda: _serving(srv) >= 2, 180, "both workers serving")
-        target = Target("127.0.0.1", srv.http_port, srv.grpc_port, srv.proc.pid)
+        target = Target("127.0.0.1", srv.http_port, srv.grpc_port, srv.proc.pid, srv.metrics_port)
         results = run_attacks(target, catalogue, progress=lambda n: print(label + n, flush=True))
         return results, srv.proc.poll() is None, srv.logs().count("Traceback")
 

@@ -47,7 +47,7 @@ def server(example_repo: Path) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def results(server: ServerProcess) -> dict[str, tuple[Attack, AttackResult]]:
     assert server.proc is not None
-    target = Target("127.0.0.1", server.http_port, server.grpc_port, server.proc.pid)
+    target = Target("127.0.0.1", server.http_port, server.grpc_port, server.proc.pid, server.metrics_port)
     found = run_attacks(target, ATTACKS + H2_ATTACKS)
     return {a.name: (a, r) for a, r in zip(ATTACKS + H2_ATTACKS, found, strict=True)}
 

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import functools
 import http.client
+import re
 import socket
 import struct
 import time
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 import orjson
 
-from milliserve.bench.bystanders import Bystanders, Waits
+from milliserve.bench.attack_runner import Attack, AttackResult, Target, attack, run_attacks
 from milliserve.bench.drills import cpu_seconds, rss_bytes
 from milliserve.config.settings import HttpSettings
 from milliserve.protocol.proto import oip_pb2 as pb
@@ -48,14 +46,6 @@ __all__ = [
 
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
 _STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
-
-
-@dataclass(frozen=True)
-class Target:
-    host: str
-    http_port: int
-    grpc_port: int
-    pid: int
 
 
 # ---- the wire ----
@@ -293,20 +283,42 @@ STORM_TOKENS = 256
 
 
 def largest_minilm_batch(t: Target) -> None:
-    """One legitimate MiniLM request as large as the storm's batches can be (the model's
+    """Legitimate MiniLM requests as large as the storm's batches can be (the model's
     ``max_batch_size`` rows of STORM_TOKENS), answered before the storm: ONNX Runtime's arena
     grows to the working set of the largest batch it has run (about 300 MiB for 32 x 256
     tokens) and keeps it, whoever sent that batch. Measured from here, the storm's RSS
-    growth is what it costs beyond what any client of the model may cost."""
+    growth is what it costs beyond what any client of the model may cost. With several
+    workers, sent (each on a new connection) until every worker's metrics show it ran one."""
     conn = http.client.HTTPConnection(t.host, t.http_port, timeout=60)
     try:
         conn.request("GET", "/v2/models/minilm/config")
         rows = max(1, int(orjson.loads(conn.getresponse().read())["max_batch_size"]))
     finally:
         conn.close()
-    status = _json(t, "minilm", _minilm_doc(rows, STORM_TOKENS, STORM_TOKENS))
-    if status != "200":
-        raise RuntimeError(f"the largest MiniLM batch ({rows} x {STORM_TOKENS}) got {status}")
+    doc = _minilm_doc(rows, STORM_TOKENS, STORM_TOKENS)
+    for _ in range(32):
+        status = _json(t, "minilm", doc)
+        if status != "200":
+            raise RuntimeError(f"the largest MiniLM batch ({rows} x {STORM_TOKENS}) got {status}")
+        counts = _minilm_counts(t)
+        if min(counts, default=rows) >= rows:
+            return
+    raise RuntimeError(f"32 largest MiniLM batches did not reach every worker: {counts}")
+
+
+def _minilm_counts(t: Target) -> list[float]:
+    """MiniLM's inference count in each worker (none known without the metrics port)."""
+    if not t.metrics_port:
+        return []
+    conn = http.client.HTTPConnection(t.host, t.metrics_port, timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    line = r'^milliserve_inference_count_total\{(?:[^}]*,)?model="minilm"[^}]*\} (\S+)'
+    found = re.findall(line, text, re.M)
+    return [float(v) for v in found]
 
 
 def disconnect_storm_http(t: Target) -> str:
@@ -359,30 +371,6 @@ def stream_with_a_bad_message_grpc(t: Target) -> str:
             return exc.code().name  # type: ignore[no-any-return]
     errors = sorted(a.infer_response.id for a in answers if a.error_message)
     return "OK" if len(answers) == 3 and errors == ["1"] else f"answers={len(answers)} errors={errors}"
-
-
-@dataclass(frozen=True)
-class Attack:
-    name: str
-    send: Callable[[Target], str]
-    expect: frozenset[str]  # statuses (HTTP) or gRPC code names that are correct
-    repeat: int = 1
-    what: str = ""
-    # runs before the window opens: builds what ``send`` sends, or brings the server to where
-    # a legitimate client could have brought it (its memory included)
-    prepare: Callable[[Target], object] | None = None
-
-
-def attack(
-    name: str,
-    send: Callable[[Target], str],
-    expect: set[str],
-    repeat: int = 1,
-    prepare: Callable[[Target], object] | None = None,
-) -> Attack:
-    """An entry of the catalogue; its description is the first paragraph of ``send``'s docstring."""
-    what = " ".join((send.__doc__ or "").strip().split("\n\n")[0].split())
-    return Attack(name, send, frozenset(expect), repeat, what, prepare)
 
 
 def nothing(t: Target) -> str:
@@ -447,63 +435,3 @@ ATTACKS: tuple[Attack, ...] = (
         prepare=largest_minilm_batch,
     ),
 )
-
-
-@dataclass
-class AttackResult:
-    name: str
-    statuses: Counter[str] = field(default_factory=Counter)
-    worst_s: float = 0.0
-    seconds: float = 0.0  # from the first request sent to the last answer
-    rss_growth: int = 0
-    cpu_s: float = 0.0  # the server's CPU time while the attack ran
-    # the good clients: HTTP (a request every 2 ms) and gRPC (a call every 100 ms)
-    good: Waits = field(default_factory=Waits)
-    grpc: Waits = field(default_factory=Waits)
-
-    @property
-    def stall_s(self) -> float:
-        """The longest a good client waited for an answer while the attack ran."""
-        return max(self.good.worst_s, self.grpc.worst_s)
-
-    def ok(self, attack: Attack) -> bool:
-        return set(self.statuses) <= attack.expect and not self.good.failed and not self.grpc.failed
-
-
-def run_attacks(
-    target: Target,
-    attacks: tuple[Attack, ...] = ATTACKS,
-    progress: Callable[[str], None] | None = None,
-    bystanders: Bystanders | None = None,
-) -> list[AttackResult]:
-    """Run each attack (its repeats back to back) with the good clients calling meanwhile
-    (``bystanders``, or ones started here for ``target``)."""
-    if bystanders is None:
-        with Bystanders(target.host, target.http_port, target.grpc_port) as good:
-            return run_attacks(target, attacks, progress, good)
-    results = []
-    for attack in attacks:
-        if progress:
-            progress(attack.name)
-        if attack.prepare is not None:
-            attack.prepare(target)
-        res = AttackResult(attack.name)
-        before = rss_bytes(target.pid)
-        cpu_before = cpu_seconds(target.pid)
-        start = time.perf_counter()
-        for _ in range(attack.repeat):
-            t0 = time.perf_counter()
-            try:
-                status = attack.send(target)
-            except (OSError, http.client.HTTPException) as exc:
-                status = f"error: {exc!r}"
-            res.worst_s = max(res.worst_s, time.perf_counter() - t0)
-            res.statuses[status] += 1
-        end = time.perf_counter()
-        res.seconds = end - start
-        res.cpu_s = cpu_seconds(target.pid) - cpu_before
-        res.rss_growth = max(0, rss_bytes(target.pid) - before)
-        waits = bystanders.window(start, end)
-        res.good, res.grpc = waits["http"], waits["grpc"]
-        results.append(res)
-    return results

@@ -33,7 +33,17 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-__all__ = ["DrillResult", "cpu_seconds", "crash_drill", "rss_bytes", "sigterm_drill", "tree", "workers_of"]
+__all__ = [
+    "DrillResult",
+    "cpu_rate",
+    "cpu_seconds",
+    "crash_drill",
+    "rss_bytes",
+    "sigterm_drill",
+    "tree",
+    "wait_until_quiet",
+    "workers_of",
+]
 
 _REFUSED = ("Connection refused", "failed to connect to all addresses")
 
@@ -82,6 +92,28 @@ def cpu_seconds(pid: int) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def cpu_rate(pid: int, seconds: float) -> float:
+    """The CPUs ``pid`` and its descendants used on average over the next ``seconds``."""
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
+
+
+def wait_until_quiet(pid: int, quiet_rate: float, timeout_s: float = 20.0, sample_s: float = 0.25) -> bool:
+    """Wait until the server has used no more CPU than ``quiet_rate`` (measured beforehand
+    with the same clients calling, by :func:`cpu_rate`) with some slack, over two samples in a
+    row: the work an attack left behind (batches computing for clients that left, buffers
+    being freed) is over. False if it was still busy after ``timeout_s``."""
+    # a sample of 0.25 s sees CPU time in clock ticks (10 ms): a tick or two is noise
+    limit = quiet_rate * 1.5 + 2.5 / os.sysconf("SC_CLK_TCK") / sample_s
+    end, calm = time.perf_counter() + timeout_s, 0
+    while time.perf_counter() < end:
+        calm = calm + 1 if cpu_rate(pid, sample_s) <= limit else 0
+        if calm >= 2:
+            return True
+    return False
 
 
 def rss_bytes(pid: int) -> int:

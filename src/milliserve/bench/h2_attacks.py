@@ -20,7 +20,7 @@ from collections.abc import Callable
 import grpc
 import numpy as np
 
-from milliserve.bench.attacks import Attack, Target, attack
+from milliserve.bench.attack_runner import Attack, Target, attack
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.server.grpc.frames import (
     CONTINUATION,
