@@ -172,7 +172,9 @@ def priority_part(write_repo: Any, root: Path, gguf: Path, samples: int, where: 
         "(every one of the 8 slots taken, more waiting at the default level). `fair` is the default "
         "admission: the priority request goes ahead of every queued one and takes the next slot "
         "that frees; `priority` (`preemption: priority`) also suspends the latest background "
-        "sequence (its KV to host memory) so that it starts at once. Goal: p99 within 1.5× of idle.\n\n"
+        "sequence (its KV to host memory) so that it starts at once, and stops the step in flight: "
+        "its prompt runs alone in the next step (llm.md, admission item 6). Goal: p99 within "
+        "1.5× of idle.\n\n"
         "| preemption | idle TTFT p50 / p99 ms | under 8 streams p50 / p99 ms | p99 ratio |\n"
         "|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )

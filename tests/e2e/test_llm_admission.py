@@ -211,19 +211,27 @@ def test_priority_orders_admission(tmp_path: Path, llm_repo: Path) -> None:
     assert firsts[4] < min(firsts[1:4]), firsts
 
 
-def test_priority_preemption_suspends_and_resumes_exactly(tmp_path: Path, llm_repo: Path) -> None:
-    """preemption: priority. A priority-1 request suspends the running one (its KV to host
-    memory) and finishes first; the suspended one resumes where it was, and its text is
-    what it is when it runs alone."""
-    with ServerProcess(_repo(tmp_path, llm_repo, max_sequences="1", preemption="priority")) as server:
+@pytest.mark.parametrize("slots", [1, 3])
+def test_priority_preemption_suspends_and_resumes_exactly(tmp_path: Path, llm_repo: Path, slots: int) -> None:
+    """preemption: priority. A priority-1 request stops the step in flight, whose KV writes
+    are taken back, and, with the one slot taken, suspends the running request (its KV to
+    host memory); it finishes first, and the others resume where they were: their text is
+    what it is when they run alone. With three slots the steps it stops hold a long prompt's
+    chunk beside a decoding sequence: llama.cpp runs them as two micro-batches, and the first
+    may be done when the step stops (its KV writes must go too)."""
+    repo = _repo(tmp_path, llm_repo, max_sequences=str(slots), preemption="priority")
+    with ServerProcess(repo) as server:
         low = {
             "model": MODEL,
             "prompt": "The history of bicycles:",
-            "max_tokens": 80,
+            "max_tokens": 200,
             "temperature": 0,
             "ignore_eos": True,
         }
-        alone = _post(server, low, "/v1/completions")[1]["choices"][0]["text"]
+        words = " ".join(f"item {i}," for i in range(300))
+        chunked = {**low, "prompt": f"Repeat the last item of this list: {words}", "max_tokens": 16}
+        bodies = {"low": low} if slots == 1 else {"low": low, "chunked": chunked}
+        alone = {n: _post(server, b, "/v1/completions")[1]["choices"][0]["text"] for n, b in bodies.items()}
         done: dict[str, float] = {}
         texts: dict[str, str] = {}
 
@@ -233,13 +241,23 @@ def test_priority_preemption_suspends_and_resumes_exactly(tmp_path: Path, llm_re
             texts[name] = got["choices"][0]["text"]
             done[name] = time.monotonic()
 
-        th = threading.Thread(target=run, args=("low", low))
-        th.start()
-        wait_until(
-            lambda: metric(server.metrics_url, "milliserve_generation_running") == 1, 60, "low running"
-        )
-        run("high", {"model": MODEL, "prompt": "Hi", "max_tokens": 4, "temperature": 0, "priority": 1})
-        th.join(timeout=300)
-        assert metric(server.metrics_url, "milliserve_generation_preempted_total") >= 1
+        threads = []
+        for i, (name, body) in enumerate(bodies.items()):
+            threads.append(threading.Thread(target=run, args=(name, body)))
+            threads[-1].start()
+            wait_until(
+                lambda i=i: metric(server.metrics_url, "milliserve_generation_running") > i,
+                60,
+                f"{name} running",
+            )
+        # three, one after another: one that comes between two steps has none to stop
+        for _ in range(3):
+            run("high", {"model": MODEL, "prompt": "Hi", "max_tokens": 4, "temperature": 0, "priority": 1})
+        for th in threads:
+            th.join(timeout=300)
+        if slots == 1:
+            assert metric(server.metrics_url, "milliserve_generation_preempted_total") >= 1
+        assert metric(server.metrics_url, "milliserve_generation_interrupted_total") >= 1
+        assert metric(server.metrics_url, "milliserve_generation_finished_total", reason="error") == 0
     assert done["high"] < done["low"]
-    assert texts["low"] == alone
+    assert texts == {**alone, "high": texts["high"]}

@@ -103,6 +103,8 @@ KNOWN_PARAMETERS = frozenset(
 )
 # llama.cpp log levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation; warnings and errors pass
 _LOG_WARN = 3
+# what llama.cpp logs when a step is interrupted on purpose (LlamaModel.interrupt)
+_ABORTED = (b"with error 1", b"compute status: 1", b"ret = 2", b"removing memory module")
 _init_lock = threading.Lock()
 _initialised: dict[str, Any] = {}
 
@@ -123,7 +125,8 @@ def _llama(error: type[Exception] = BackendError) -> ModuleType:
 
         @mod.llama_log_callback  # type: ignore[untyped-decorator]
         def _log(level: int, text: bytes, _user: Any) -> None:
-            if level >= _LOG_WARN and level != 5 and text:  # 5: continuation of a line
+            # 5: continuation of a line. An interrupted step (status 1, ABORTED) is not news
+            if level >= _LOG_WARN and level != 5 and text and not any(m in text for m in _ABORTED):
                 log.warning("llama.cpp: %s", text.decode(errors="replace").rstrip())
 
         mod.llama_log_set(_log, ctypes.c_void_p(0))
@@ -300,6 +303,8 @@ class LlamaModel:
         self.mem = C.llama_get_memory(ctx)
         self.threads = (options.n_threads, options.n_threads_batch)
         self._batch = C.llama_batch_init(self.batch_capacity, 0, 1)
+        self._stop = ctypes.create_string_buffer(2)  # b"\1": the step in flight stops
+        self.interruptible = self._stop_callback()
         self._piece = ctypes.create_string_buffer(256)
         self._tok_buf = (C.llama_token * 4096)()
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
@@ -359,9 +364,29 @@ class LlamaModel:
             self._C.llama_set_n_threads(self.ctx, n, n_batch)
             self.threads = (n, n_batch)
 
-    def decode(self, tokens: list[int], pos: list[int], seqs: list[int], logits: list[bool]) -> None:
+    def _stop_callback(self) -> bool:
+        """llama.cpp asks a step's abort callback between the nodes of its graph. Ours is C's
+        own ``strlen`` over a two-byte flag (0 runs on, 1 stops: its length is the answer), so
+        a step pays a byte read per node, and no Python, no GIL. False where libc is not there."""
+        try:
+            strlen = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value
+            self._stop_fn = self._C.ggml_abort_callback(strlen)
+            self._C.llama_set_abort_callback(
+                self.ctx, self._stop_fn, ctypes.cast(self._stop, ctypes.c_void_p)
+            )
+        except (AttributeError, OSError, TypeError):
+            return False
+        return True
+
+    def interrupt(self, stop: bool = True) -> None:
+        """Stop the step in flight, or the next one (any thread): its ``decode`` returns False
+        and llama.cpp takes its KV writes back. ``stop=False`` clears the flag."""
+        self._stop[0] = b"\1" if stop else b"\0"
+
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[int], logits: list[bool]) -> bool:
         """One ``llama_decode`` of ``len(tokens)`` entries (token, position, sequence, whether
-        its logits are wanted). Logits of entry i are then read by ``sample(.., i)``."""
+        its logits are wanted). Logits of entry i are then read by ``sample(.., i)``. False if
+        the step was interrupted (``interrupt``): nothing of it happened."""
         b = self._batch
         n = len(tokens)
         if n > self.batch_capacity:
@@ -375,9 +400,19 @@ class LlamaModel:
             lg[i] = logits[i]
         b.n_tokens = n
         rc = self._C.llama_decode(self.ctx, b)
+        if rc == 2:
+            # interrupted. llama.cpp took back the micro-batch it stopped in; those before it
+            # (a step is split by runs of sequence ids) stay in the KV cache: take the step back
+            first: dict[int, int] = {}
+            for s, p in zip(seqs[:n], pos[:n], strict=True):
+                first[s] = min(p, first.get(s, p))
+            for s, p in first.items():
+                self.seq_remove(s, p, -1)
+            return False
         if rc != 0:
             # 1: no KV slot for the batch; <0: error. Either way the step's KV writes are void.
             raise BackendError(f"llama_decode failed with code {rc} on a step of {n} tokens")
+        return True
 
     # ---- sampling ----
     def _chain(self, spec: SamplerSpec) -> Any:

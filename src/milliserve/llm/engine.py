@@ -59,7 +59,11 @@ class TokenModel(Protocol):
 
     def is_eog(self, token: int) -> bool: ...
 
-    def decode(self, tokens: list[int], pos: list[int], seqs: list[int], logits: list[bool]) -> None: ...
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[int], logits: list[bool]) -> bool: ...
+
+    interruptible: bool
+
+    def interrupt(self, stop: bool = True) -> None: ...
 
     def new_sampler(self, spec: Any) -> Any: ...
 
@@ -130,6 +134,9 @@ class Engine:
         # suspended sequences' KV is held in host memory up to this (then nothing is suspended)
         self.max_suspended_bytes = max(host_cache_bytes, 64 << 20)
         self._cancels = False  # set by cancel(): the waiting room has a request to drop
+        # set by submit() when a request outranks a running sequence: the best such level
+        # (preemption: priority). The step in flight stops, and the next one is its prefill alone
+        self._urgent: int | None = None
         self._wake = threading.Event()
         self._stop = False
         # estimates, seeded by warmup(): seconds of a decode-only step, seconds per prefill token
@@ -167,6 +174,15 @@ class Engine:
 
     def submit(self, req: GenRequest) -> None:
         self._incoming.append(req)
+        if (
+            self.preemption.priority
+            and self.model.interruptible
+            and any(s.req.level > req.level for s in list(self._running))
+        ):
+            # it would wait for the end of the step in flight (a whole step of every stream),
+            # then share the next with them: stop that step, and prefill it alone next
+            self._urgent = req.level if self._urgent is None else min(self._urgent, req.level)
+            self.model.interrupt()
         self._wake.set()
 
     def cancel(self, req: GenRequest) -> None:
@@ -337,6 +353,8 @@ class Engine:
         now = time.perf_counter()
         while self._incoming:
             self._waiting.push(self._incoming.popleft())
+        urgent, self._urgent = self._urgent, None
+        m.interrupt(False)
         # cancellations: free at once
         if any(s.req.cancelled for s in self._running):
             for s in [s for s in self._running if s.req.cancelled]:
@@ -356,7 +374,13 @@ class Engine:
         # of sequences whose ids follow each other (0, 1, 2, ...) in batch order, each one
         # more pass over the weights: the entries go in slot order, and slots are handed out
         # lowest first, so that a step is one pass (two when a prompt chunk is longer).
-        decoding = [s for s in self._running if s.prefilled == len(s.req.prompt)]
+        # a request that stopped the last step (submit) runs its prompt alone in this one
+        alone = {
+            s.slot
+            for s in self._running
+            if urgent is not None and s.req.level <= urgent and s.prefilled < len(s.req.prompt)
+        }
+        decoding = [] if alone else [s for s in self._running if s.prefilled == len(s.req.prompt)]
         speculate = self.draft_tokens > 0 and len(decoding) < self.speculate_below
         # drafts make a step longer for every stream, accepted or not: all of a step's drafts
         # together stay within what keeps the step in the ITL target
@@ -373,7 +397,7 @@ class Engine:
         chunk: dict[int, int] = {}  # slot -> prompt tokens prefilled this step (oldest first)
         for s in self._running:
             left = len(s.req.prompt) - s.prefilled
-            if left <= 0 or budget <= 0:
+            if left <= 0 or budget <= 0 or (alone and s.slot not in alone):
                 continue
             chunk[s.slot] = n = min(left, budget)
             budget -= n
@@ -408,12 +432,15 @@ class Engine:
         m.set_threads(threads, threads)
         t0 = time.perf_counter()
         try:
-            m.decode(tokens, pos, seqs, logits)
+            ran = m.decode(tokens, pos, seqs, logits)
         except Exception as exc:
             log.error("decode of a step of %d tokens failed: %s", len(tokens), exc)
             for s in list(self._running):
                 if s.req.cancelled or any(s is p[0] for p in plan) or any(s is p[0] for p in prefill):
                     self._finish(s, "error", time.perf_counter(), f"the engine failed: {exc}")
+            return
+        if not ran:  # interrupted (submit): nothing of it happened; the next step runs
+            self.stats.interrupted += 1
             return
         t1 = time.perf_counter()
         choice.record(n_tok, threads, (t1 - t0) / n_tok)

@@ -26,9 +26,9 @@ def test_every_decode_runs_on_the_engine_thread(llm_repo: Path, monkeypatch: pyt
     callers: list[int] = []
     decode = LlamaModel.decode
 
-    def recording(self: LlamaModel, *args: object) -> None:
+    def recording(self: LlamaModel, *args: object) -> bool:
         callers.append(threading.get_ident())
-        decode(self, *args)  # type: ignore[arg-type]
+        return decode(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(LlamaModel, "decode", recording)
     model_dir = llm_repo / "smollm2"
