@@ -371,7 +371,9 @@ class Server:
             waits.append(asyncio.ensure_future(self._grpc.stop(grace)))
         elif self._grpc is not None:
             waits.append(asyncio.ensure_future(self._stop_grpc(grace)))
-        await asyncio.gather(*waits, return_exceptions=True)
+        for failed in await asyncio.gather(*waits, return_exceptions=True):
+            if isinstance(failed, BaseException):  # logged: the drain may have cut calls short
+                log.error("stopping a listener failed: %r", failed, exc_info=failed)
         if self._wire is not None:
             self._wire.close()
         if self._poll is not None:

@@ -62,6 +62,7 @@ class NativeGrpcServer:
         self._server: asyncio.AbstractServer | None = None
         self._sock: socket.socket | None = None
         self.refused_connections = 0
+        self.stopping = False  # a connection made from now on gets GOAWAY at once
 
     def figures(self) -> dict[str, int]:
         """Open connections and the connection counters, for the metrics."""
@@ -94,11 +95,20 @@ class NativeGrpcServer:
         await accept_waiting(self._sock, self._protocol)
         if self._server is not None:
             self._server.close()
+        self.stopping = True
         for conn in list(self.connections):
             conn.goaway()
-        waits = [asyncio.ensure_future(conn.drain()) for conn in list(self.connections)]
-        if waits:
-            _, pending = await asyncio.wait(waits, timeout=grace)
+        # a connection accepted just before the close is made a turn of the loop later (its
+        # connection_made is scheduled): it gets GOAWAY there, and is waited for like the rest.
+        # Missed, it served calls while the models unloaded ('not ready (UNLOADING)')
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        waited: set[Http2Protocol] = set()
+        await asyncio.sleep(0)
+        while (todo := [c for c in self.connections if c not in waited]) and loop.time() < deadline:
+            waited.update(todo)
+            waits = [asyncio.ensure_future(conn.drain()) for conn in todo]
+            _, pending = await asyncio.wait(waits, timeout=max(0.0, deadline - loop.time()))
             for w in pending:
                 w.cancel()
         for conn in list(self.connections):
@@ -135,6 +145,8 @@ class _Tracked(Http2Protocol):
         s._per_peer[address] += 1
         self._counted = True
         super().connection_made(transport)
+        if s.stopping:
+            self.goaway()
 
     def _gone(self, conn: Http2Protocol) -> None:
         if not self._counted:
