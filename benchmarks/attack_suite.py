@@ -186,14 +186,17 @@ def attacks_section(
         "repeated as shown, while two well-behaved clients call `fraud_mlp` from a process of their "
         "own (`milliserve.bench.bystanders`): one over HTTP (one keep-alive connection, a request 2 ms "
         "after each answer), one over gRPC (one channel, a call every 100 ms). What an attack sends is "
-        "built before it starts. `tests/e2e/test_attacks.py` asserts the same catalogue.",
+        "built before it starts. An attack's window lasts from its first request until the server is "
+        "quiet again (its CPU back to what the good clients alone cost it, measured first): what an "
+        "attack leaves behind, a batch still computing for clients that left, is counted in its row, "
+        "not the next one's. `tests/e2e/test_attacks.py` asserts the same catalogue.",
         "",
         f"- **Machine:** {_machine()}; the server, the attacker and the good clients share the cores.",
-        "- **Good clients' waits:** every request of theirs that was in flight while the attack ran, "
+        "- **Good clients' waits:** every request of theirs that was in flight in the attack's window, "
         "and the first one after it; worst and p99 (nearest rank: the worst when fewer than 100). "
         f"The goal is a worst wait under {GOAL_MS:.0f} ms; the first row is the machine's own noise.",
-        "- **RSS growth:** the server's resident memory after the attack's repeats minus before.",
-        "- **Server CPU:** the server's user + system CPU seconds while the attack ran (both cores "
+        "- **RSS growth:** the server's resident memory at the end of the window minus before.",
+        "- **Server CPU:** the server's user + system CPU seconds in the window (both cores "
         "count; a flood's cost is bounded by when it is cut off).",
         "",
         "| attack | repeats | answers | attacker's worst s | RSS growth MiB | server CPU s | good HTTP "
@@ -287,7 +290,8 @@ def reliability_section(
         "of it; then the drills against fraud_mlp alone (`milliserve.bench.drills`): 8 clients in a "
         "closed loop while the server gets SIGTERM, and, with two workers, while one worker is "
         "killed (SIGKILL) and restarted before the SIGTERM. **Worst wait**: the good HTTP / gRPC "
-        "clients' slowest answer while the attack ran; **p99**: the HTTP client's; **RSS**: growth of "
+        "clients' slowest answer in the attack's window (until the server was quiet again); "
+        "**p99**: the HTTP client's; **RSS**: growth of "
         "the server's processes together; **lost**: good calls failed (attacks), or calls that got "
         "neither an answer nor a refused connection (drills; a kill cuts the calls its worker held, "
         "counted apart).",
