@@ -404,7 +404,7 @@ class LlamaModel:
             # interrupted. llama.cpp took back the micro-batch it stopped in; those before it
             # (a step is split by runs of sequence ids) stay in the KV cache: take the step back
             first: dict[int, int] = {}
-            for s, p in zip(seqs[:n], pos[:n], strict=True):
+            for s, p in zip(seqs, pos, strict=True):
                 first[s] = min(p, first.get(s, p))
             for s, p in first.items():
                 self.seq_remove(s, p, -1)

@@ -65,6 +65,15 @@ def _http(
         conn.close()
 
 
+def _get(host: str, port: int, path: str) -> bytes:
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().read()
+    finally:
+        conn.close()
+
+
 def _binary(t: Target, model: str, inputs: list[dict[str, object]], payload: bytes) -> str:
     header = orjson.dumps({"inputs": inputs})
     return _http(
@@ -289,12 +298,7 @@ def largest_minilm_batch(t: Target) -> None:
     tokens) and keeps it, whoever sent that batch. Measured from here, the storm's RSS
     growth is what it costs beyond what any client of the model may cost. With several
     workers, sent (each on a new connection) until every worker's metrics show it ran one."""
-    conn = http.client.HTTPConnection(t.host, t.http_port, timeout=60)
-    try:
-        conn.request("GET", "/v2/models/minilm/config")
-        rows = max(1, int(orjson.loads(conn.getresponse().read())["max_batch_size"]))
-    finally:
-        conn.close()
+    rows = max(1, int(orjson.loads(_get(t.host, t.http_port, "/v2/models/minilm/config"))["max_batch_size"]))
     doc = _minilm_doc(rows, STORM_TOKENS, STORM_TOKENS)
     for _ in range(32):
         status = _json(t, "minilm", doc)
@@ -310,12 +314,7 @@ def _minilm_counts(t: Target) -> list[float]:
     """MiniLM's inference count in each worker (none known without the metrics port)."""
     if not t.metrics_port:
         return []
-    conn = http.client.HTTPConnection(t.host, t.metrics_port, timeout=30)
-    try:
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-    finally:
-        conn.close()
+    text = _get(t.host, t.metrics_port, "/metrics").decode()
     line = r'^milliserve_inference_count_total\{(?:[^}]*,)?model="minilm"[^}]*\} (\S+)'
     found = re.findall(line, text, re.M)
     return [float(v) for v in found]

@@ -108,9 +108,13 @@ def wait_until_quiet(pid: int, quiet_rate: float, timeout_s: float = 20.0, sampl
     being freed) is over. False if it was still busy after ``timeout_s``."""
     # a sample of 0.25 s sees CPU time in clock ticks (10 ms): a tick or two is noise
     limit = quiet_rate * 1.5 + 2.5 / os.sysconf("SC_CLK_TCK") / sample_s
-    end, calm = time.perf_counter() + timeout_s, 0
-    while time.perf_counter() < end:
-        calm = calm + 1 if cpu_rate(pid, sample_s) <= limit else 0
+    cpu, now = cpu_seconds(pid), time.perf_counter()
+    end, calm = now + timeout_s, 0
+    while now < end:  # samples back to back: each one's end reading is the next one's start
+        time.sleep(sample_s)
+        cpu_then, then = cpu, now
+        cpu, now = cpu_seconds(pid), time.perf_counter()
+        calm = calm + 1 if (cpu - cpu_then) / (now - then) <= limit else 0
         if calm >= 2:
             return True
     return False
