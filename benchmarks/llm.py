@@ -358,7 +358,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--levels", default="1,8")
     ap.add_argument("--parts", default="peers,speculation,prefix,openloop")
-    ap.add_argument("--open-seconds", type=float, default=15.0, help="measured seconds per open-loop level")
+    ap.add_argument("--open-seconds", type=float, default=15.0, help="open loop: seconds per level, at least")
+    ap.add_argument(
+        "--open-arrivals",
+        type=int,
+        default=25,
+        help="open loop: a level lasts for this many arrivals, at least",
+    )
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per closed-loop level")
     ap.add_argument("--sweep-seconds", type=float, default=8.0)
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama_cpp.server row")
@@ -476,7 +482,7 @@ def main() -> None:
             + f". milliserve's drafted tokens accepted: {acc}.\n",
         )
     if "openloop" in parts:
-        open_loop_part(gguf, repo, args.rounds, args.open_seconds, (500.0, 60.0), where)
+        open_loop_part(gguf, repo, args.rounds, args.open_seconds, args.open_arrivals, (500.0, 60.0), where)
     if "prefix" in parts:
         repo_off = write_repo(
             work / "repo_off",
@@ -507,11 +513,13 @@ def main() -> None:
 
 
 def open_loop_part(
-    gguf: Path, repo: Path, rounds: int, duration: float, slo: tuple[float, float], where: str
+    gguf: Path, repo: Path, rounds: int, duration: float, arrivals: int, slo: tuple[float, float], where: str
 ) -> None:
     """Poisson arrivals of ``milliserve bench``'s chat prompts (which mix open questions with
     summarise/extract prompts) at 50, 70 and 90% of llama-server's capacity, both servers at
-    their defaults, rounds interleaved: goodput against the SLO (TTFT, per-request ITL p99)."""
+    their defaults, rounds interleaved: goodput against the SLO (TTFT, per-request ITL p99).
+    Each round draws its own arrivals (seed = round), and both servers get that round's; a
+    level lasts ``duration`` s or long enough for ``arrivals`` expected arrivals."""
     from milliserve.bench.runner import BenchConfig, run_bench
 
     def one(url: str, **kw: Any) -> Any:
@@ -535,22 +543,27 @@ def open_loop_part(
             cap = one(ls.url, concurrency=[8], duration_s=30.0).throughput
             print(f"llama-server capacity at 8 streams: {cap:.2f} req/s", flush=True)
             rates = [round(cap * f, 2) for f in (0.5, 0.7, 0.9)]
+            seconds = {rate: max(duration, arrivals / rate) for rate in rates}
             got: dict[tuple[str, float], list[Any]] = {}
             for r in range(rounds):
                 for rate in rates:
                     for name, url in targets[r % 2 :] + targets[: r % 2]:
-                        lv = one(url, rates=[rate], duration_s=duration)
+                        lv = one(url, rates=[rate], duration_s=seconds[rate], seed=r + 1)
                         got.setdefault((name, rate), []).append(lv)
                         print(
-                            f"round {r} {name:12s} {rate:.2f} req/s: goodput {lv.goodput:.2f}/s "
-                            f"({lv.good_share:.0%} good), TTFT p99 {lv.ttft_ms.get('p99', 0):.0f} ms",
+                            f"round {r} {name:12s} {rate:.2f} req/s: {lv.requests} arrivals, goodput "
+                            f"{lv.goodput:.2f}/s ({lv.good_share:.0%} good), TTFT p99 "
+                            f"{lv.ttft_ms.get('p99', 0):.0f} ms",
                             flush=True,
                         )
     finally:
         ls.stop()
 
     def spread(xs: list[float]) -> str:
-        return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
+        return f"{statistics.fmean(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
+
+    def good(lvs: list[Any]) -> int:
+        return sum(round(lv.good_share * lv.ok) for lv in lvs)
 
     rows, ratios = [], []
     for rate in rates:
@@ -558,28 +571,34 @@ def open_loop_part(
             lvs = got[(name, rate)]
             ttft = statistics.median(lv.ttft_ms.get("p99", math.nan) for lv in lvs)
             itl = statistics.median(lv.itl_ms.get("p99", math.nan) for lv in lvs)
+            n = sum(lv.requests for lv in lvs)
             rows.append(
-                f"| {rate:.2f} ({rate / cap:.0%}) | {name} | {spread([lv.goodput for lv in lvs])} | "
-                f"{spread([lv.good_share for lv in lvs])} | {ttft:.0f} | {itl:.1f} | "
-                f"{sum(lv.requests for lv in lvs)}/{sum(sum(lv.errors.values()) for lv in lvs)} |"
+                f"| {rate:.2f} ({rate / cap:.0%}), {seconds[rate]:.0f} s | {name} | "
+                f"{spread([lv.goodput for lv in lvs])} | {good(lvs)}/{n} | {ttft:.0f} | {itl:.1f} | "
+                f"{sum(sum(lv.errors.values()) for lv in lvs)} |"
             )
-        a = statistics.median(lv.goodput for lv in got[("milliserve", rate)])
-        b = statistics.median(lv.goodput for lv in got[("llama-server", rate)])
-        ratios.append(f"{rate / cap:.0%}: {a / b:.2f}×" if b else f"{rate / cap:.0%}: llama-server 0")
+        # the same arrivals reached both servers: the ratio of their good requests
+        a, b = good(got[("milliserve", rate)]), good(got[("llama-server", rate)])
+        share = f"{rate / cap:.0%}"
+        ratios.append(f"{share}: {a / b:.2f}× ({a}/{b})" if b else f"{share}: llama-server 0")
     write_section(
         "llm-open-loop",
         "## Open loop: goodput against llama-server (benchmarks/llm.py)\n\n"
         f"{where}. `milliserve bench --llm`'s built-in chat prompts (open questions mixed with "
         "summarise/extract prompts), Poisson arrivals at 50, 70 and 90% of llama-server's "
-        f"capacity ({cap:.2f} req/s, a closed loop of 8 streams for 30 s), {duration:g} s per level "
-        f"after 3 s of warm-up, {rounds} rounds, the order alternating. Both servers at their "
-        "defaults (milliserve: prompt-lookup speculation on while fewer than 3 sequences "
-        "decode; llama-server `-t 2 -np 8`, no speculation). A request is good when its TTFT is "
-        f"at most {slo[0]:g} ms and its own ITL p99 at most {slo[1]:g} ms.\n\n"
-        "| arrivals req/s (of capacity) | server | goodput req/s, median (min–max) | good share | "
-        "TTFT p99 ms (median of rounds) | ITL p99 ms | requests/errors |\n|---|---|---|---|---|---|---|\n"
+        f"capacity ({cap:.2f} req/s, a closed loop of 8 streams for 30 s), each level {duration:g} s "
+        f"or long enough for {arrivals} expected arrivals, after 3 s of warm-up; {rounds} rounds, "
+        "the order alternating. Each round draws its own Poisson schedule (seed: the round) and "
+        "both servers get that round's. Both servers at their defaults (milliserve: prompt-lookup "
+        "speculation on while fewer than 3 sequences decode; llama-server `-t 2 -np 8`, no "
+        f"speculation). A request is good when it succeeds with its TTFT at most {slo[0]:g} ms "
+        f"and its own ITL p99 at most {slo[1]:g} ms; goodput is the good requests over the "
+        "level's scheduled seconds (so it cannot pass the arrival rate).\n\n"
+        "| arrivals req/s (of capacity), per level | server | goodput req/s, mean (min–max) of rounds | "
+        "good / arrivals, all rounds | TTFT p99 ms (median of rounds) | ITL p99 ms | errors |\n"
+        "|---|---|---|---|---|---|---|\n"
         + "\n".join(rows)
-        + "\n\nGoodput, milliserve / llama-server: "
+        + "\n\nGood requests, milliserve / llama-server, on the same arrivals: "
         + ", ".join(ratios)
         + ".\n",
     )

@@ -14,10 +14,14 @@ output tokens/s the tokens of every content chunk that arrived in it, whichever
 phase their request was in, so that neither the ramp at the start nor the drain at
 the end biases them.
 
-Goodput is requests/s times the share of the measured successful requests that met
-both objectives: TTFT <= ``slo_ttft_ms`` and the p99 of that request's own ITLs <=
-``slo_itl_ms`` (a request with fewer than two content chunks has no ITL and meets that
-one). A request that succeeded without any content meets neither.
+A request is good when it succeeded and met both objectives: TTFT <= ``slo_ttft_ms`` and
+the p99 of that request's own ITLs <= ``slo_itl_ms`` (a request with fewer than two
+content chunks has no ITL and meets that one). A request that succeeded without any
+content meets neither. In an open loop goodput is the measured good requests over the
+measured schedule (``offered_s``: the seconds their arrivals were drawn for), the rate
+of arrivals that were served well: it cannot pass the arrival rate, and a level with few
+arrivals is not made faster by the short span they happened to fall in. In a closed loop,
+which has no schedule, it is requests/s times the good share of the measured successes.
 
 ITL is per content chunk: a chunk that carries several tokens (speculative decoding,
 a server that batches its writes) is one gap, as the reader sees it, unless the
@@ -141,9 +145,10 @@ def _ms(values_s: np.ndarray[Any, Any]) -> dict[str, float]:
 
 
 def summarize_llm(
-    mode: str, level: float, rec: Records, cores: int, run_s: float, slo: Slo
+    mode: str, level: float, rec: Records, cores: int, run_s: float, slo: Slo, offered_s: float | None = None
 ) -> LlmLevelResult:
-    """Summarise one level's records (see the module docstring for what each figure is)."""
+    """Summarise one level's records (see the module docstring for what each figure is);
+    ``offered_s``: an open loop's measured schedule, in seconds."""
     if rec.streams is None:
         raise ValueError("the LLM figures need streamed records (Records.streams)")
     st = rec.streams
@@ -195,7 +200,7 @@ def summarize_llm(
         requests=int(m.sum()),
         ok=int(ok.sum()),
         throughput=throughput,
-        goodput=throughput * good_share,
+        goodput=good / offered_s if offered_s else throughput * good_share,
         good_share=float(good_share),
         output_tokens_per_s=tokens / window if window > 0 else 0.0,
         ttft_ms=_ms(np.asarray(ttft)),

@@ -94,6 +94,7 @@ class Mode:
         return {
             "mode": "closed" if cfg.concurrency else "open",
             "arrivals": "poisson" if cfg.poisson else "constant",
+            "seed": cfg.seed,
             "duration_s": cfg.duration_s,
             "warmup_s": cfg.warmup_s,
             "stability_pct": cfg.stability_pct,
@@ -307,7 +308,9 @@ class LlmMode(Mode):
 
     def summarize(self, cfg: BenchConfig, load: str, level: float, rec: Records, w: Window) -> Level:
         slo = Slo(cfg.slo_ttft_ms, cfg.slo_itl_ms)
-        return summarize_llm(load, level, rec, os.cpu_count() or 1, w.run_s, slo)
+        # an open loop's schedule: its measured arrivals were drawn over window_s seconds
+        offered = w.window_s if load == "open" and cfg.requests is None else None
+        return summarize_llm(load, level, rec, os.cpu_count() or 1, w.run_s, slo, offered)
 
     def config_doc(self, cfg: BenchConfig) -> dict[str, Any]:
         return {
@@ -318,6 +321,7 @@ class LlmMode(Mode):
             "temperature": cfg.temperature,
             "extra_body": cfg.extra_body,
             "arrivals": "poisson" if cfg.poisson else "constant",
+            "seed": cfg.seed,
             "duration_s": cfg.duration_s,
             "warmup_s": cfg.warmup_s,
             "requests": cfg.requests,

@@ -22,6 +22,9 @@ class BenchConfig:
     concurrency: list[int] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
     poisson: bool = True
+    # the open loop's arrivals are drawn from this and the level: the same seed replays the
+    # same schedule, so rounds that should sample different arrivals each take their own
+    seed: int = 0
     duration_s: float | None = None  # None: 5 s, or 20 s for llm
     warmup_s: float = 1.0
     requests: int | None = None  # llm: measure this many requests per level instead

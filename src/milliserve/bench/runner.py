@@ -104,6 +104,12 @@ def machine_info(workers: int) -> dict[str, Any]:
     }
 
 
+def _seed(cfg: BenchConfig, level: float) -> int:
+    """A level's arrival schedule: the run's seed and the level (seed 0 keeps the schedules
+    that earlier versions drew)."""
+    return cfg.seed * 1_000_000 + int(level)
+
+
 def _measure(
     pool: WorkerPool,
     cfg: BenchConfig,
@@ -120,7 +126,8 @@ def _measure(
         if progress:
             progress(label, 0.0 if cfg.requests else cfg.warmup_s + cfg.duration_s)
         t0 = time.monotonic()
-        rec = pool.run_job(load, level, cfg.duration_s, cfg.poisson, int(level), cfg.warmup_s, cfg.requests)
+        seed = _seed(cfg, level)
+        rec = pool.run_job(load, level, cfg.duration_s, cfg.poisson, seed, cfg.warmup_s, cfg.requests)
         result = mode.summarize(cfg, load, level, rec, Window(time.monotonic() - t0, cfg.duration_s))
     else:
         result = _until_stable(pool, cfg, load, level, progress, label)
@@ -144,7 +151,7 @@ def _until_stable(
         if progress:
             progress(f"{label} window {i + 1}", warm + cfg.window_s)
         t0 = time.monotonic()
-        rec = pool.run_job(load, level, cfg.window_s, cfg.poisson, int(level) * 100 + i, warm)
+        rec = pool.run_job(load, level, cfg.window_s, cfg.poisson, _seed(cfg, level) * 100 + i, warm)
         windows.append((rec, time.monotonic() - t0))
         if len(windows) >= 3:
             last = [mode.summarize(cfg, load, level, r, Window(s, cfg.window_s)) for r, s in windows[-3:]]

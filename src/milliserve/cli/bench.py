@@ -154,6 +154,7 @@ def _bench(args: argparse.Namespace) -> int:
         concurrency=args.concurrency or [],
         rates=args.rate or [],
         poisson=not args.constant,
+        seed=args.seed,
         duration_s=args.duration,
         warmup_s=args.warmup,
         requests=args.requests,
@@ -219,6 +220,12 @@ def add_bench_parser(sub: Any) -> None:
     )
     load.add_argument("--rate", type=lambda t: _levels(t, float), help="open loop requests/s: 100,200,400")
     b.add_argument("--constant", action="store_true", help="constant arrivals instead of Poisson (open loop)")
+    b.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="open loop: the Poisson arrivals' seed (another seed, another schedule)",
+    )
     b.add_argument(
         "--duration", type=float, default=None, help="measured seconds per level (default 5; 20 with --llm)"
     )

@@ -7,6 +7,7 @@ The fake server is no model; it stands in for one to test the client and its loo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import numpy as np
@@ -15,10 +16,10 @@ import pytest
 from milliserve.bench.fake_openai import fake_openai_process
 from milliserve.bench.llm_prompts import load_prompts
 from milliserve.bench.llm_workload import build_llm_workload
-from milliserve.bench.loadgen import Job, run_job
+from milliserve.bench.loadgen import Job, arrivals, run_job
 from milliserve.bench.openai_target import parse_api_target
 from milliserve.bench.records import COOLDOWN, MEASURED, WARMUP, Records
-from milliserve.bench.runner import BenchConfig, run_bench
+from milliserve.bench.runner import BenchConfig, _seed, run_bench
 
 
 def job_records(url: str, mode: str, level: float, **kw: object) -> Records:
@@ -142,3 +143,15 @@ def test_compare_extra_body_runs_b_on_the_same_server_with_its_options() -> None
     assert cfg.compare_url == url
     assert report.levels[0].output_tokens["mean"] == 4 and report.compare_levels[0].output_tokens["mean"] == 2
     assert report.as_dict()["compare"]["extra_body"] == {"max_tokens": 2}
+
+
+def test_an_open_loops_schedule_is_drawn_from_its_seed() -> None:
+    def schedule(seed: int, rate: float = 0.72) -> list[float]:
+        cfg = BenchConfig("http://127.0.0.1:1", mode="llm", rates=[rate], seed=seed)
+        return list(itertools.islice(arrivals(Job("open", rate, 0.0, 30.0, seed=_seed(cfg, rate))), 30))
+
+    # rounds that take their own seeds sample different arrivals; a seed replays its own
+    assert schedule(1) == schedule(1) and schedule(1) != schedule(2)
+    assert np.mean(np.diff(schedule(3))) == pytest.approx(1 / 0.72, rel=0.5)
+    # seed 0 (the default) draws the schedules that runs without --seed drew before
+    assert _seed(BenchConfig("http://127.0.0.1:1", rates=[0.72]), 0.72) == 0

@@ -95,6 +95,18 @@ def test_rates_come_from_the_measured_span_and_goodput_from_the_objectives() -> 
     assert looser.good_share == pytest.approx(0.8)  # all but the empty answer
 
 
+def test_open_loop_goodput_is_good_arrivals_over_the_schedule_not_over_their_span() -> None:
+    # three arrivals that happened to fall in 2 s of a 15 s schedule, all served well: the
+    # span would make it 3 / 2.2 req/s, more than arrived; the schedule says 3 / 15
+    few = [Req(t, t + 0.2, [t + 0.05, t + 0.1]) for t in (5.0, 6.0, 7.0)]
+    r = summarize_llm("open", 0.2, records(few), 2, 16.0, Slo(1000, 100), offered_s=15.0)
+    assert r.good_share == 1.0 and r.throughput == pytest.approx(3 / 2.2)
+    assert r.goodput == pytest.approx(3 / 15)
+    # only the good ones count: two of LEVEL's five measured successes over a 10 s schedule
+    level = summarize_llm("open", 1, records(LEVEL), 2, 11.0, Slo(1000, 100), offered_s=10.0)
+    assert level.goodput == pytest.approx(0.2)
+
+
 def test_a_level_without_measured_requests_reports_no_rates() -> None:
     r = summarize_llm("closed", 1, records([Req(0.0, 1.0, [0.5], phase=WARMUP)]), 2, 1.0, Slo())
     assert r.requests == 0 and r.throughput == r.output_tokens_per_s == r.duration_s == 0
