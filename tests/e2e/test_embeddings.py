@@ -171,6 +171,30 @@ def test_many_inputs_are_split_into_batches(client: openai.OpenAI, server: Serve
     assert sizes and max(sizes) <= 32  # never one tensor of 500 rows
 
 
+def _encoder_runs(server: ServerProcess) -> dict[int, int]:
+    """The encoder's executions so far, by batch size."""
+    stats = httpx.get(f"http://{server.http_url}/v2/models/minilm_tokens/stats").json()["model_stats"][0]
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+
+@pytest.mark.parametrize("model", ["minilm_embed", "minilm_cls", "minilm_last"])
+def test_texts_of_mixed_lengths_run_as_length_buckets(
+    client: openai.OpenAI, server: ServerProcess, model: str
+) -> None:
+    rng = np.random.default_rng(3)
+    words = ["cats", "weather", "tomorrow", "lovely", "server", "latency", "budget", "queue"]
+    texts = [" ".join(rng.choice(words, n)) for n in rng.permutation(np.arange(1, 97, 3))]
+    alone = [client.embeddings.create(model=model, input=t, encoding_format="float").data[0] for t in texts]
+    before = _encoder_runs(server)
+    together = client.embeddings.create(model=model, input=texts, encoding_format="float")
+    after = _encoder_runs(server)
+    got = np.array([d.embedding for d in together.data])
+    # each text's vector as if it were alone: the runs are cut to their own longest text
+    assert _cos(got, [d.embedding for d in alone]).min() >= 0.99999
+    ran = {size: after.get(size, 0) - before.get(size, 0) for size in after}
+    assert ran.get(32, 0) == 0 and sum(ran.values()) >= 2, ran  # never one padded run of 32
+
+
 def test_over_the_max_length_truncated_or_refused(client: openai.OpenAI) -> None:
     cut = client.embeddings.create(model="minilm_embed", input=LONG)
     assert cut.usage.prompt_tokens == 256

@@ -121,7 +121,28 @@ def build_steps(
     unmade = [t.name for t in config.output if t.name not in available]
     if unmade:
         raise ConfigError(f"{where}: no step makes the pipeline outputs {unmade}")
+    _length_buckets(steps, {t.name for t in config.output})
     return steps
+
+
+def _length_buckets(steps: list[Step], outputs: set[str]) -> None:
+    """Let a model step run a padded batch as length buckets (pipeline/buckets.py) where its
+    only output goes to a pooling step that reads the mask the model was given, and nowhere
+    else: there the padding cannot change an answer."""
+    for i, step in enumerate(steps):
+        if type(step) is not ModelCall or len(step.makes) != 1:
+            continue
+        hidden = step.makes[0]
+        readers = [s for s in steps[i + 1 :] if hidden in s.needs]
+        pool = readers[0] if len(readers) == 1 else None
+        if (
+            isinstance(pool, PoolingStep)
+            and hidden not in outputs
+            and pool.config.input == hidden
+            and pool.config.mode != "none"
+            and pool.config.mask in step.needs
+        ):
+            step.buckets = (pool.config.mask, next(m for m, d in step.outputs.items() if d == hidden))
 
 
 class RunSteps:

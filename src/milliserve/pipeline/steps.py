@@ -11,6 +11,7 @@ request's working set and writes its results back under new names:
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ import numpy as np
 
 from milliserve.config.steps import PipelineStep, PythonStep, Rules
 from milliserve.errors import BackendError, ConfigError, MilliserveError
+from milliserve.pipeline import buckets
 from milliserve.protocol.datatypes import numpy_to_oip
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 from milliserve.road import Call, SpanLog, Tensors
@@ -143,6 +145,11 @@ class PythonCall(_Named):
             tensors[n] = tensor(n, np.asarray(result[n]))
 
 
+def _cut(t: InferTensor, width: int) -> InferTensor:
+    data = np.ascontiguousarray(np.asarray(t.data)[:, :width])
+    return InferTensor(t.name, t.datatype, tuple(data.shape), data)
+
+
 class ModelCall(_Named):
     """A model of the repository, looked up per request so that a reload is picked up.
 
@@ -182,6 +189,9 @@ class ModelCall(_Named):
         asked = [*self.outputs, *(a for a in also if a not in self.outputs)]
         self._requested = [RequestedOutput(m) for m in asked]
         self._get = get
+        # (the mask tensor, the model output a pooling step reads): run a padded batch as
+        # length buckets (pipeline/buckets.py); set by the pipeline where that is safe
+        self.buckets: tuple[str, str] | None = None
 
     def instances(self) -> int:
         """How many instances the step's model has now (1 for a servable without any)."""
@@ -237,16 +247,53 @@ class ModelCall(_Named):
             response.record_stages(response.timings)
         call.notes.update(response.parameters)
 
-    async def run(self, tensors: Tensors, call: Call) -> None:
-        request = self.request(tensors, call)
+    async def _traced(self, request: InferRequest, call: Call) -> InferResponse:
         log = call.request.trace
         if log is None:
-            response = await self.infer(request)
-        else:  # the model's spans under this step's
-            request.trace = SpanLog()
-            try:
-                response = await self.infer(request)
-            finally:
-                log.absorb(request.trace)
+            return await self.infer(request)
+        request.trace = SpanLog()  # the model's spans under this step's
+        try:
+            return await self.infer(request)
+        finally:
+            log.absorb(request.trace)
+
+    async def run(self, tensors: Tensors, call: Call) -> None:
+        runs = None
+        if self.buckets is not None:
+            runs = buckets.plan(np.asarray(tensors[self.buckets[0]].data))
+        if runs is not None:
+            await self._run_buckets(tensors, call, runs)
+            return
+        response = await self._traced(self.request(tensors, call), call)
         self.write(response.outputs, tensors)
         self.absorb(response, call)
+
+    async def _run_buckets(self, tensors: Tensors, call: Call, runs: list[tuple[Any, int]]) -> None:
+        """The batch as runs of texts of similar length (pipeline/buckets.py), put back together."""
+        assert self.buckets is not None
+        mask_name, output = self.buckets
+        batch, seq = np.asarray(tensors[mask_name].data).shape
+        requests = []
+        for rows, width in runs:
+            request = self.request(tensors, call, rows=rows)
+            # the tokenizer's [batch, seq] tensors, cut to the run's width
+            request.inputs = [_cut(t, width) if t.shape[1:2] == (seq,) else t for t in request.inputs]
+            requests.append(request)
+        tasks = [asyncio.ensure_future(self._traced(r, call)) for r in requests]
+        try:
+            responses = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
+        parts = []
+        datatype = ""
+        for (rows, _), response in zip(runs, responses, strict=True):
+            found = next((t for t in response.outputs if t.name == output), None)
+            if found is None:
+                raise BackendError(f"{self.name}: model {self.model!r} did not return {output!r}")
+            datatype = found.datatype
+            parts.append((rows, np.asarray(found.data)))
+            self.absorb(response, call)
+        data = buckets.scatter(parts, batch, seq)
+        self.write([InferTensor(output, datatype, tuple(data.shape), data)], tensors)
