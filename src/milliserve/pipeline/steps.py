@@ -288,12 +288,18 @@ class ModelCall(_Named):
             raise
         parts = []
         datatype = ""
-        for (rows, _), response in zip(runs, responses, strict=True):
+        for (rows, width), response in zip(runs, responses, strict=True):
             found = next((t for t in response.outputs if t.name == output), None)
-            if found is None:
-                raise BackendError(f"{self.name}: model {self.model!r} did not return {output!r}")
+            data = None if found is None else np.asarray(found.data)
+            if data is None or data.ndim < 3 or data.shape[:2] != (len(rows), width):
+                got = "nothing" if data is None else list(data.shape)
+                raise BackendError(
+                    f"{self.name}: model {self.model!r} returned {got} as {output!r} for {len(rows)} "
+                    f"texts of {width} tokens; pooling needs [batch, seq, dim]"
+                )
+            assert found is not None
             datatype = found.datatype
-            parts.append((rows, np.asarray(found.data)))
+            parts.append((rows, data))
             self.absorb(response, call)
-        data = buckets.scatter(parts, batch, seq)
-        self.write([InferTensor(output, datatype, tuple(data.shape), data)], tensors)
+        merged = buckets.scatter(parts, batch, seq)
+        self.write([InferTensor(output, datatype, tuple(merged.shape), merged)], tensors)
