@@ -18,7 +18,8 @@ Four parts, each written into its own section of docs/benchmarks.md:
 - ``llm-prefix-cache``: TTFT of 8 chats sharing a long system prompt: milliserve with and
   without its prefix cache, llama-server with its prompt cache.
 - ``llm-open-loop``: Poisson arrivals at 50/70/90% of llama-server's capacity, goodput
-  against TTFT <= 500 ms and per-request ITL p99 <= 60 ms.
+  against TTFT <= 500 ms and per-request ITL p99 <= 60 ms; milliserve at its defaults and
+  with ``budget`` set to that SLO (it refuses, 429, what its estimate says would be late).
 - ``llm-structured`` and ``llm-priority`` (``--parts structured,priority``, not in the
   default parts): what a JSON schema costs in tokens/s, and a ``priority: 1`` request's
   TTFT under 8 background streams against an idle server (benchmarks/llm_features.py).
@@ -203,7 +204,7 @@ def summary(levels: list[Level]) -> dict[str, float]:
     }
 
 
-def write_repo(root: Path, gguf: Path, name: str, params: dict[str, str]) -> Path:
+def write_repo(root: Path, gguf: Path, name: str, params: dict[str, str], extra: str = "") -> Path:
     vdir = root / name / "1"
     vdir.mkdir(parents=True, exist_ok=True)
     link = vdir / "model.gguf"
@@ -211,6 +212,7 @@ def write_repo(root: Path, gguf: Path, name: str, params: dict[str, str]) -> Pat
         link.symlink_to(gguf)
     lines = [f'name: "{name}"', 'backend: "llama_cpp"']
     lines += [f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in params.items()]
+    lines += [extra] if extra else []
     (root / name / "config.pbtxt").write_text("\n".join(lines) + "\n")
     return root
 
@@ -317,6 +319,7 @@ async def prefix_part(targets: list[tuple[str, str]], rounds: int) -> dict[str, 
 
 
 ON = "milliserve, speculation on"
+BUDGETED = "milliserve, budget = SLO"
 
 
 def grounded(r: int) -> list[list[dict[str, str]]]:
@@ -482,7 +485,15 @@ def main() -> None:
             + f". milliserve's drafted tokens accepted: {acc}.\n",
         )
     if "openloop" in parts:
-        open_loop_part(gguf, repo, args.rounds, args.open_seconds, args.open_arrivals, (500.0, 60.0), where)
+        slo = (500.0, 60.0)
+        budgeted = write_repo(
+            work / "repo_budget",
+            gguf,
+            "smollm2",
+            {"n_ctx": "2048"},
+            f"budget {{ ttft_ms: {slo[0]:g} itl_ms: {slo[1]:g} }}",
+        )
+        open_loop_part(gguf, repo, budgeted, args.rounds, args.open_seconds, args.open_arrivals, slo, where)
     if "prefix" in parts:
         repo_off = write_repo(
             work / "repo_off",
@@ -513,13 +524,22 @@ def main() -> None:
 
 
 def open_loop_part(
-    gguf: Path, repo: Path, rounds: int, duration: float, arrivals: int, slo: tuple[float, float], where: str
+    gguf: Path,
+    repo: Path,
+    budgeted: Path,
+    rounds: int,
+    duration: float,
+    arrivals: int,
+    slo: tuple[float, float],
+    where: str,
 ) -> None:
     """Poisson arrivals of ``milliserve bench``'s chat prompts (which mix open questions with
-    summarise/extract prompts) at 50, 70 and 90% of llama-server's capacity, both servers at
-    their defaults, rounds interleaved: goodput against the SLO (TTFT, per-request ITL p99).
-    Each round draws its own arrivals (seed = round), and both servers get that round's; a
-    level lasts ``duration`` s or long enough for ``arrivals`` expected arrivals."""
+    summarise/extract prompts) at 50, 70 and 90% of llama-server's capacity, rounds
+    interleaved: goodput against the SLO (TTFT, per-request ITL p99). Both servers at their
+    defaults, and milliserve once more with its latency budget set to the SLO (``budgeted``:
+    a request whose first token would come too late is refused at once, 429, and counts as
+    not good). Each round draws its own arrivals (seed = round), and every server gets that
+    round's; a level lasts ``duration`` s or long enough for ``arrivals`` expected arrivals."""
     from milliserve.bench.runner import BenchConfig, run_bench
 
     def one(url: str, **kw: Any) -> Any:
@@ -538,20 +558,25 @@ def open_loop_part(
 
     ls = LlamaServer(gguf, free_port(), 2, 8, 2048)
     try:
-        with ServerProcess(repo) as ours:
-            targets = [("milliserve", f"http://{ours.http_url}"), ("llama-server", ls.url)]
+        with ServerProcess(repo) as ours, ServerProcess(budgeted) as ours_b:
+            targets = [
+                ("milliserve", f"http://{ours.http_url}"),
+                ("llama-server", ls.url),
+                (BUDGETED, f"http://{ours_b.http_url}"),
+            ]
             cap = one(ls.url, concurrency=[8], duration_s=30.0).throughput
             print(f"llama-server capacity at 8 streams: {cap:.2f} req/s", flush=True)
             # the same closed loop warms milliserve (its first chats pay for its KV and prompt
             # caches): cold start is measured apart, not in the first round's first level
             warm = one(targets[0][1], concurrency=[8], duration_s=30.0).throughput
             print(f"milliserve at 8 streams (warm-up): {warm:.2f} req/s", flush=True)
+            one(targets[2][1], concurrency=[8], duration_s=30.0)
             rates = [round(cap * f, 2) for f in (0.5, 0.7, 0.9)]
             seconds = {rate: max(duration, arrivals / rate) for rate in rates}
             got: dict[tuple[str, float], list[Any]] = {}
             for r in range(rounds):
                 for rate in rates:
-                    for name, url in targets[r % 2 :] + targets[: r % 2]:
+                    for name, url in targets[r % 3 :] + targets[: r % 3]:
                         lv = one(url, rates=[rate], duration_s=seconds[rate], seed=r + 1)
                         got.setdefault((name, rate), []).append(lv)
                         print(
@@ -581,10 +606,12 @@ def open_loop_part(
                 f"{spread([lv.goodput for lv in lvs])} | {good(lvs)}/{n} | {ttft:.0f} | {itl:.1f} | "
                 f"{sum(sum(lv.errors.values()) for lv in lvs)} |"
             )
-        # the same arrivals reached both servers: the ratio of their good requests
-        a, b = good(got[("milliserve", rate)]), good(got[("llama-server", rate)])
+        # the same arrivals reached every server: the ratio of their good requests
+        b = good(got[("llama-server", rate)])
         share = f"{rate / cap:.0%}"
-        ratios.append(f"{share}: {a / b:.2f}× ({a}/{b})" if b else f"{share}: llama-server 0")
+        for name in ("milliserve", BUDGETED):
+            a = good(got[(name, rate)])
+            ratios.append(f"{name} {share}: " + (f"{a / b:.2f}× ({a}/{b})" if b else "llama-server 0"))
     write_section(
         "llm-open-loop",
         "## Open loop: goodput against llama-server (benchmarks/llm.py)\n\n"
@@ -593,17 +620,21 @@ def open_loop_part(
         f"capacity ({cap:.2f} req/s, a closed loop of 8 streams for 30 s, which then warms "
         f"milliserve: {warm:.2f} req/s), each level {duration:g} s "
         f"or long enough for {arrivals} expected arrivals, after 3 s of warm-up; {rounds} rounds, "
-        "the order alternating. Each round draws its own Poisson schedule (seed: the round) and "
-        "both servers get that round's. Both servers at their defaults (milliserve: prompt-lookup "
+        "the order rotating. Each round draws its own Poisson schedule (seed: the round) and "
+        "every server gets that round's. Both servers at their defaults (milliserve: prompt-lookup "
         "speculation on while fewer than 3 sequences decode; llama-server `-t 2 -np 8`, no "
-        f"speculation). A request is good when it succeeds with its TTFT at most {slo[0]:g} ms "
+        f"speculation), and milliserve once more with its latency budget set to the SLO "
+        f"(`budget {{ ttft_ms: {slo[0]:g} itl_ms: {slo[1]:g} }}` in the model's config, nothing "
+        "else changed: a request whose estimated first token would miss the budget is refused at "
+        "once with 429, counted below as an error and not good; llama-server has no such "
+        f"setting). A request is good when it succeeds with its TTFT at most {slo[0]:g} ms "
         f"and its own ITL p99 at most {slo[1]:g} ms; goodput is the good requests over the "
         "level's scheduled seconds (so it cannot pass the arrival rate).\n\n"
         "| arrivals req/s (of capacity), per level | server | goodput req/s, mean (min–max) of rounds | "
         "good / arrivals, all rounds | TTFT p99 ms (median of rounds) | ITL p99 ms | errors |\n"
         "|---|---|---|---|---|---|---|\n"
         + "\n".join(rows)
-        + "\n\nGood requests, milliserve / llama-server, on the same arrivals: "
+        + "\n\nGood requests against llama-server's, on the same arrivals: "
         + ", ".join(ratios)
         + ".\n",
     )
