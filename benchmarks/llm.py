@@ -391,7 +391,7 @@ def main() -> None:
         text = structured_part(repo, rounds, secs, where)
         print(text) if args.quick else write_section("llm-structured", text)
     if "priority" in parts:
-        text = priority_part(write_repo, work, gguf, 5 if args.quick else 200, where)
+        text = priority_part(write_repo, work, gguf, 5 if args.quick else 200, 1 if args.quick else 3, where)
         print(text) if args.quick else write_section("llm-priority", text)
     if "peers" in parts:
         sweep_opts: list[tuple[int, int, tuple[str, ...]]] = [(t, n, ()) for t in (2, 1) for n in (8, 16)]
