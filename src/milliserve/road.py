@@ -26,11 +26,12 @@ use these types without importing the others.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from milliserve.protocol.types import InferRequest, InferTensor
 
@@ -47,6 +48,7 @@ __all__ = [
     "Step",
     "Tensors",
     "build_road",
+    "gather_parts",
 ]
 
 Outputs = list[InferTensor]
@@ -54,6 +56,20 @@ Tensors = dict[str, InferTensor]
 Handler = Callable[["Call"], Awaitable[Outputs]]
 # runs a blocking callable off the event loop (the executor's CPU pool) and awaits it
 Offload = Callable[..., Awaitable[Any]]
+
+T = TypeVar("T")
+
+
+async def gather_parts(parts: Sequence[Awaitable[T]]) -> list[T]:
+    """The parts of one request, run at once (they queue together and may share batches):
+    their results in order, or the first failure, with the other parts cancelled."""
+    tasks = [asyncio.ensure_future(p) for p in parts]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 @dataclass(slots=True, eq=False)

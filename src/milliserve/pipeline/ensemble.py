@@ -56,7 +56,6 @@ def build_steps(
     where = config_path(model_dir)
     steps: list[Step] = []
     after_model = False
-    free_length: set[int] = set()  # model steps whose every input is [batch, any length]
     redis_timeout = config.stage_budget_s("features") or caches.timeout_s
     for i, s in enumerate(config.ensemble_scheduling.step, 1):
         label = f"step {i} ({s.kind}{' ' + s.model_name if s.model_name else ''})"
@@ -75,8 +74,6 @@ def build_steps(
                 call = HedgedCall if s.hedge is not None else ModelCall
                 step = call(label, s, inputs, [t.name for t in rt.config.output], get_model)
                 after_model = True
-                if all(list(t.dims) == [-1] for t in rt.config.input if t.name in inputs):
-                    free_length.add(id(step))
             elif s.cascade is not None:
                 step = CascadeStep(label, s, get_model)
                 after_model = True
@@ -124,16 +121,16 @@ def build_steps(
     unmade = [t.name for t in config.output if t.name not in available]
     if unmade:
         raise ConfigError(f"{where}: no step makes the pipeline outputs {unmade}")
-    _length_buckets(steps, {t.name for t in config.output}, free_length)
+    _length_buckets(steps, {t.name for t in config.output})
     return steps
 
 
-def _length_buckets(steps: list[Step], outputs: set[str], free_length: set[int]) -> None:
+def _length_buckets(steps: list[Step], outputs: set[str]) -> None:
     """Let a model step run a padded batch as length buckets (pipeline/buckets.py) where its
     inputs take any length, and its only output goes to a pooling step that reads the mask
     the model was given, and nowhere else: there the padding cannot change an answer."""
     for i, step in enumerate(steps):
-        if type(step) is not ModelCall or len(step.makes) != 1 or id(step) not in free_length:
+        if type(step) is not ModelCall or len(step.makes) != 1:
             continue
         hidden = step.makes[0]
         readers = [s for s in steps[i + 1 :] if hidden in s.needs]
@@ -144,6 +141,7 @@ def _length_buckets(steps: list[Step], outputs: set[str], free_length: set[int])
             and pool.config.input == hidden
             and pool.config.mode != "none"
             and pool.config.mask in step.needs
+            and step.takes_any_length()
         ):
             step.buckets = (pool.config.mask, next(m for m, d in step.outputs.items() if d == hidden))
 

@@ -11,7 +11,6 @@ request's working set and writes its results back under new names:
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
@@ -24,7 +23,7 @@ from milliserve.errors import BackendError, ConfigError, MilliserveError
 from milliserve.pipeline import buckets
 from milliserve.protocol.datatypes import numpy_to_oip
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
-from milliserve.road import Call, SpanLog, Tensors
+from milliserve.road import Call, SpanLog, Tensors, gather_parts
 
 __all__ = ["ModelCall", "PythonCall", "RulesStep", "load_function", "tensor"]
 
@@ -197,6 +196,12 @@ class ModelCall(_Named):
         """How many instances the step's model has now (1 for a servable without any)."""
         return max(1, len(getattr(self._get(self.model, self.version), "instances", ())))
 
+    def takes_any_length(self) -> bool:
+        """Whether every input the step sends its model is [batch, any length] (dims [-1])."""
+        sent = {m for m, _ in self.inputs}
+        config = self._get(self.model, self.version).config
+        return all(list(t.dims) == [-1] for t in config.input if t.name in sent)
+
     def request(
         self, tensors: Tensors, call: Call, model: str = "", rows: np.ndarray[Any, Any] | None = None
     ) -> InferRequest:
@@ -272,34 +277,23 @@ class ModelCall(_Named):
         """The batch as runs of texts of similar length (pipeline/buckets.py), put back together."""
         assert self.buckets is not None
         mask_name, output = self.buckets
-        batch, seq = np.asarray(tensors[mask_name].data).shape
+        batch, seq = tensors[mask_name].shape
         requests = []
         for rows, width in runs:
             request = self.request(tensors, call, rows=rows)
             # the tokenizer's [batch, seq] tensors, cut to the run's width
             request.inputs = [_cut(t, width) if t.shape[1:2] == (seq,) else t for t in request.inputs]
             requests.append(request)
-        tasks = [asyncio.ensure_future(self._traced(r, call)) for r in requests]
-        try:
-            responses = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            raise
+        responses = await gather_parts([self._traced(r, call) for r in requests])
         parts = []
-        datatype = ""
         for (rows, width), response in zip(runs, responses, strict=True):
-            found = next((t for t in response.outputs if t.name == output), None)
-            data = None if found is None else np.asarray(found.data)
+            data = next((np.asarray(t.data) for t in response.outputs if t.name == output), None)
             if data is None or data.ndim < 3 or data.shape[:2] != (len(rows), width):
                 got = "nothing" if data is None else list(data.shape)
                 raise BackendError(
                     f"{self.name}: model {self.model!r} returned {got} as {output!r} for {len(rows)} "
                     f"texts of {width} tokens; pooling needs [batch, seq, dim]"
                 )
-            assert found is not None
-            datatype = found.datatype
             parts.append((rows, data))
             self.absorb(response, call)
-        merged = buckets.scatter(parts, batch, seq)
-        self.write([InferTensor(output, datatype, tuple(merged.shape), merged)], tensors)
+        self.write([tensor(output, buckets.scatter(parts, batch, seq))], tensors)

@@ -11,7 +11,6 @@ texts (or of token-id lists) into requests of at most ``max_batch_size`` rows, s
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 from milliserve.config.model_config import ModelConfig
 from milliserve.errors import InvalidInputError, RequestError
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
+from milliserve.road import gather_parts
 
 __all__ = ["Embedder", "EmbeddingSpec", "Embeddings", "embedding_spec"]
 
@@ -143,12 +143,6 @@ class Embedder:
             return Embeddings(vectors, tokens, [response])
         # the parts queue together: they join other requests' batches and, on a model with
         # several instances, run at once; one that fails cancels the others
-        tasks = [asyncio.ensure_future(self._part(rows, i, token_ids, parameters)) for rows, i in parts]
-        try:
-            done = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            raise
+        done = await gather_parts([self._part(rows, i, token_ids, parameters) for rows, i in parts])
         vectors = np.concatenate([v for v, _, _ in done])
         return Embeddings(vectors, sum(t for _, t, _ in done), [r for _, _, r in done])
