@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from milliserve.llm.admission import Preemption, WaitingRoom, ahead_of
+from milliserve.llm.costs import StepCosts
 from milliserve.llm.prefix import HostCache, PrefixCache, common_prefix
 from milliserve.llm.sequence import Event, GenRequest, Sequence, held_back
 from milliserve.llm.threads import ThreadChoice
@@ -139,10 +140,8 @@ class Engine:
         self._urgent: int | None = None
         self._wake = threading.Event()
         self._stop = False
-        # estimates, seeded by warmup(): seconds of a decode-only step, seconds per prefill token
-        self.step_s = 0.02
-        self.prefill_token_s = 0.003
-        self.draft_token_s = 0.004  # what a drafted token adds to a small step (more than in a big one)
+        # what steps cost (llm/costs.py), seeded by warmup()
+        self.costs = StepCosts()
         self.mean_output = 128.0  # tokens a finished request generated, on average (EWMA)
         # threads of a one-token step and of a bigger one: the config's counts, or one thread
         # where that has measured faster lately (a machine busy with other work)
@@ -236,13 +235,14 @@ class Engine:
         short = len(running) + len(queued) + 1 - self.max_sequences
         if short > 0 and self._would_preempt(client, level, running):
             short = 0
+        costs = self.costs
         if short > 0:  # a slot must free first: the short-th soonest finisher
             typical = self.mean_output
             left = sorted(max(1.0, min(s.req.max_tokens, typical) - s.generated) for s in running)
-            wait = left[min(short, len(left)) - 1] * self.step_s if left else 0.0
+            wait = left[min(short, len(left)) - 1] * costs.step(len(running)) if left else 0.0
         tokens = ahead + prompt_tokens
         steps = -(-tokens // max(1, self._prefill_budget(decoding)))
-        return wait + steps * self.step_s + tokens * self.prefill_token_s
+        return wait + steps * costs.step(decoding) + tokens * costs.prefill_token_s
 
     def _would_preempt(self, client: str, level: int, running: list[Sequence]) -> bool:
         """Whether a request of ``client`` at ``level`` would suspend a running sequence
@@ -271,48 +271,51 @@ class Engine:
         prompt = [1] * 32
         t0 = time.perf_counter()
         m.decode(prompt, list(range(32)), [slot] * 32, [False] * 31 + [True])
-        self.prefill_token_s = (time.perf_counter() - t0) / 32
+        prompt_s = time.perf_counter() - t0
         t = []
         for i in range(3):
             t0 = time.perf_counter()
             m.decode([1], [32 + i], [slot], [True])
             t.append(time.perf_counter() - t0)
-        self.step_s = min(t)
         t0 = time.perf_counter()  # a one-token step with 3 drafts to verify
         m.decode([1] * 4, list(range(35, 39)), [slot] * 4, [True] * 4)
-        # 0 on a busy machine (the one-token steps slowed, this one not): _worth_drafting reads
-        # it as cheap, and the steps that verify drafts correct it
-        self.draft_token_s = max(0.0, time.perf_counter() - t0 - self.step_s) / 3
+        self.costs.seed(min(t), time.perf_counter() - t0, prompt_s)
         m.seq_remove(slot)
 
-    def _worth_drafting(self, s: Sequence) -> int:
+    def _worth_drafting(self, s: Sequence, decoding: int) -> int:
         """Drafts worth verifying for ``s``: the i-th draft pays when the chance that it and
         those before it are accepted (the sequence's acceptance rate, to the i-th power)
         times the step it spares is more than what one more token costs the step. On a
         CPU a drafted token adds almost half a one-token step (4 ms against 9 here, learned
         from the steps that verify drafts), so a chat whose drafts are accepted half the
         time drafts one token, a copy from the prompt accepted 90% of the time seven. Every
-        8th token tries two, to notice a change."""
+        8th token tries two, to notice a change. ``decoding``: the sequences in the step (the
+        step a draft spares is one of that size)."""
         # a learned cost of 0 (math.log(0) raised, and stopped the engine) means drafts are cheap
-        ratio = max(self.draft_token_s / max(self.step_s, 1e-6), 1e-3)
+        ratio = max(self.costs.draft_token_s / max(self.costs.step(decoding), 1e-6), 1e-3)
         p = min(max(s.accept_rate, 0.01), 0.99)
         worth = int(math.log(ratio) / math.log(p)) if ratio < 1.0 else 0
         return max(worth, 2 if s.generated % 8 == 0 else 0)
 
-    def _draft_room(self) -> int:
+    def _draft_room(self, decoding: int) -> int:
         """Draft tokens one step may verify: as many as keep it within 80% of the ITL target
         (``budget.itl_ms``, else DEFAULT_ITL_S), at the learned cost of a token in a batch.
         Unbounded, two sequences drafting 10 tokens each made 64 ms steps here, and every
         chunk gap of an open-loop run at half capacity was over a 60 ms ITL objective."""
         target = self.itl_budget_s if self.itl_budget_s is not None else DEFAULT_ITL_S
-        return int((target * 0.8 - self.step_s) / max(self.draft_token_s, 1e-6))
+        return int((target * 0.8 - self.costs.step(decoding)) / max(self.costs.draft_token_s, 1e-6))
 
     def _prefill_budget(self, decoding: int) -> int:
+        """Prompt tokens a step may prefill beside ``decoding`` tokens that want logits: as
+        many as keep the step within 80% of the ITL target (``budget.itl_ms``, else
+        DEFAULT_ITL_S), and at least 16. With nothing decoding there is no stream to stall.
+        A whole chat prompt joining 8 streams made an 80 ms gap in each of them, and an open
+        loop at 70% of capacity lost requests to their ITL p99 (61-65 ms against 60)."""
         budget = self.step_tokens - decoding
-        if self.itl_budget_s is not None and decoding:
-            # keep a step (and so the time between tokens of the running sequences) in budget;
-            # with nothing decoding there is no stream to stall
-            fit = int((self.itl_budget_s * 0.8 - self.step_s) / max(self.prefill_token_s, 1e-6))
+        if decoding:
+            target = self.itl_budget_s if self.itl_budget_s is not None else DEFAULT_ITL_S
+            costs = self.costs
+            fit = int((target * 0.8 - costs.step(decoding)) / max(costs.prefill_token_s, 1e-6))
             budget = min(budget, max(16, fit))
         return max(1, budget)
 
@@ -384,11 +387,11 @@ class Engine:
         speculate = self.draft_tokens > 0 and len(decoding) < self.speculate_below
         # drafts make a step longer for every stream, accepted or not: all of a step's drafts
         # together stay within what keeps the step in the ITL target
-        room = self._draft_room() if speculate else 0
+        room = self._draft_room(len(decoding)) if speculate else 0
         feed: dict[int, list[int]] = {}  # slot -> tokens this step (decoding: last + drafts)
         drafts_of: dict[int, list[int]] = {}
         for s in decoding:
-            most = min(room, self._worth_drafting(s)) if room > 0 and s.req.speculate else 0
+            most = min(room, self._worth_drafting(s, len(decoding))) if room > 0 and s.req.speculate else 0
             drafts = s.draft(self.draft_tokens, m.n_ctx_seq)[:most] if most > 0 else []
             room -= len(drafts)
             drafts_of[s.slot] = drafts
@@ -444,7 +447,7 @@ class Engine:
             return
         t1 = time.perf_counter()
         choice.record(n_tok, threads, (t1 - t0) / n_tok)
-        self._learn(t1 - t0, sum(n for _, n, _ in prefill), sum(len(d) for _, _, d in plan))
+        self.costs.learn(t1 - t0, sum(logits), n_tok - sum(logits), sum(len(d) for _, _, d in plan))
         self.stats.steps += 1
         # prefill progress and first tokens
         for s, n, at in prefill:
@@ -477,16 +480,6 @@ class Engine:
                 if len(out) - 1 < len(drafts):
                     m.seq_remove(s.slot, s.n_past, -1)  # the rejected drafts' KV
             self._emit_tokens(s, out, t1)
-
-    def _learn(self, dt: float, prefilled: int, drafted: int) -> None:
-        if prefilled == 0 and drafted:
-            per = max(0.0, dt - self.step_s) / drafted
-            self.draft_token_s = _toward(self.draft_token_s, per)
-        elif prefilled == 0:
-            self.step_s = _toward(self.step_s, dt)
-        elif prefilled >= 16:
-            per = max(0.0, dt - self.step_s) / prefilled
-            self.prefill_token_s = _toward(self.prefill_token_s, per)
 
     def _slot_for(self, prompt: list[int]) -> int:
         """The free slot a request takes: one that keeps the running slots as few runs of
@@ -724,17 +717,3 @@ class Engine:
     def _count(self, reason: str) -> None:
         f = self.stats.finished
         f[reason] = f.get(reason, 0) + 1
-
-
-# A step the machine slowed (the engine thread descheduled, a burst of other work) moves an
-# estimate by at most this many times its value before the average: one 16-token prefill
-# stalled for a second had made a prompt token cost 60 ms instead of 3, and admission
-# refused a 20-token prompt beside two streams as "about 5 s" over its TTFT budget. A
-# machine that stays slower still moves the estimate there, by up to 1.4x a step.
-OUTLIER = 3.0
-
-
-def _toward(old: float, sample: float) -> float:
-    """The estimate ``old`` after one more measurement ``sample`` (an EWMA of samples
-    clipped at OUTLIER times the estimate, floored at 0.1 ms so a zero can still grow)."""
-    return 0.8 * old + 0.2 * min(sample, OUTLIER * max(old, 1e-4))

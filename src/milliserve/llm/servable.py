@@ -191,8 +191,8 @@ class GenerativeServable:
             model.description,
             options.max_sequences,
             options.n_ctx,
-            servable.engine.step_s * 1e3,
-            servable.engine.prefill_token_s * 1e3,
+            servable.engine.costs.step(1) * 1e3,
+            servable.engine.costs.prefill_token_s * 1e3,
         )
         return servable
 

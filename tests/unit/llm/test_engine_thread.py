@@ -66,7 +66,7 @@ def test_a_drafted_token_learned_as_free_does_not_stop_the_engine(
 
     def free_drafts(self: Engine) -> None:
         warmup(self)
-        self.draft_token_s = 0.0
+        self.costs.draft_token_s = 0.0
 
     monkeypatch.setattr(Engine, "warmup", free_drafts)
     model_dir = llm_repo / "smollm2"
