@@ -603,8 +603,9 @@ def open_loop_part(
             n = sum(lv.requests for lv in lvs)
             rows.append(
                 f"| {rate:.2f} ({rate / cap:.0%}), {seconds[rate]:.0f} s | {name} | "
-                f"{spread([lv.goodput for lv in lvs])} | {good(lvs)}/{n} | {ttft:.0f} | {itl:.1f} | "
-                f"{sum(sum(lv.errors.values()) for lv in lvs)} |"
+                f"{spread([lv.goodput for lv in lvs])} | {good(lvs)}/{n} | "
+                f"{sum(lv.missed_ttft for lv in lvs)} / {sum(lv.missed_itl for lv in lvs)} | "
+                f"{ttft:.0f} | {itl:.1f} | {sum(sum(lv.errors.values()) for lv in lvs)} |"
             )
         # the same arrivals reached every server: the ratio of their good requests
         b = good(got[("llama-server", rate)])
@@ -629,10 +630,13 @@ def open_loop_part(
         "once with 429, counted below as an error and not good; llama-server has no such "
         f"setting). A request is good when it succeeds with its TTFT at most {slo[0]:g} ms "
         f"and its own ITL p99 at most {slo[1]:g} ms; goodput is the good requests over the "
-        "level's scheduled seconds (so it cannot pass the arrival rate).\n\n"
+        "level's scheduled seconds (so it cannot pass the arrival rate). Of the answers that were "
+        "not good, how many missed the TTFT objective and how many their ITL p99 one (an answer "
+        "can miss both).\n\n"
         "| arrivals req/s (of capacity), per level | server | goodput req/s, mean (min–max) of rounds | "
-        "good / arrivals, all rounds | TTFT p99 ms (median of rounds) | ITL p99 ms | errors |\n"
-        "|---|---|---|---|---|---|---|\n"
+        "good / arrivals, all rounds | missed TTFT / ITL | TTFT p99 ms (median of rounds) | "
+        "ITL p99 ms | errors |\n"
+        "|---|---|---|---|---|---|---|---|\n"
         + "\n".join(rows)
         + "\n\nGood requests against llama-server's, on the same arrivals: "
         + ", ".join(ratios)

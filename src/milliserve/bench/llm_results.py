@@ -83,6 +83,10 @@ class LlmLevelResult:
     late_send_p99_ms: float
     client_cpu_share: float
     slo: Slo
+    # of the successful requests with content: those over the TTFT objective, and those over
+    # the ITL one (a request can miss both); why goodput is short of throughput
+    missed_ttft: int = 0
+    missed_itl: int = 0
     server: dict[str, float] | None = None
     # for plots only (not serialised): each measured request's TTFT and all ITLs, in ms
     samples: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict, repr=False)
@@ -104,6 +108,7 @@ class LlmLevelResult:
             "throughput": round(self.throughput, 3),
             "goodput": round(self.goodput, 3),
             "good_share": round(self.good_share, 4),
+            "missed": {"ttft": self.missed_ttft, "itl": self.missed_itl},
             "output_tokens_per_s": round(self.output_tokens_per_s, 2),
             "ttft_ms": r(self.ttft_ms),
             "itl_ms": r(self.itl_ms),
@@ -162,7 +167,7 @@ def summarize_llm(
     first[has] = st.chunk_t[st.offsets[:-1][has]]
 
     ttft, e2e, tpot, itls = [], [], [], []
-    good = 0
+    good = missed_ttft = missed_itl = 0
     for i in idx:
         e2e.append(rec.done[i] - rec.intended[i])
         if not has[i]:
@@ -175,8 +180,10 @@ def summarize_llm(
         if st.output_tokens[i] > 1:
             tpot.append((rec.done[i] - first[i]) / (st.output_tokens[i] - 1))
         itl_p99 = float(np.percentile(gaps, 99)) if gaps.size else 0.0
-        if t_first * 1e3 <= slo.ttft_ms and itl_p99 * 1e3 <= slo.itl_ms:
-            good += 1
+        over_ttft, over_itl = t_first * 1e3 > slo.ttft_ms, itl_p99 * 1e3 > slo.itl_ms
+        missed_ttft += over_ttft
+        missed_itl += over_itl
+        good += not (over_ttft or over_itl)
     all_itls = np.concatenate(itls) if itls else np.zeros(0)
 
     # the span of the measured requests, from the first one's schedule to the last one's
@@ -225,6 +232,8 @@ def summarize_llm(
         late_send_p99_ms=late_p99,
         client_cpu_share=client_cpu_share(rec, run_s, cores),
         slo=slo,
+        missed_ttft=missed_ttft,
+        missed_itl=missed_itl,
         server=_server_timings([st.timings[i] for i in idx]),
         samples={"ttft_ms": np.asarray(ttft) * 1e3, "itl_ms": all_itls * 1e3},
     )

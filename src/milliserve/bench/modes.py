@@ -387,6 +387,11 @@ class LlmMode(Mode):
             )
         if lv.empty:
             out.append(f"[yellow]{lv.label}: {lv.empty} answers had no content (no TTFT)[/yellow]")
+        if lv.missed_ttft or lv.missed_itl:
+            out.append(
+                f"{lv.label}: of {lv.ok - lv.empty} answers, {lv.missed_ttft} missed the TTFT objective "
+                f"and {lv.missed_itl} their ITL p99 one"
+            )
         if lv.tokens_per_chunk > 1.05:
             out.append(
                 f"{lv.label}: chunks carried {lv.tokens_per_chunk:.2f} tokens on average: ITL is per chunk, "

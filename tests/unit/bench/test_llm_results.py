@@ -91,6 +91,9 @@ def test_rates_come_from_the_measured_span_and_goodput_from_the_objectives() -> 
     assert r.output_tokens_per_s == pytest.approx(12 / 10.05)
     # the first and the last of five measured successes met both objectives
     assert r.good_share == pytest.approx(0.4) and r.goodput == pytest.approx(0.4 * 6 / 10.05)
+    # why the other three were not: a late first token, a 250 ms gap, no content at all
+    assert (r.missed_ttft, r.missed_itl, r.empty) == (1, 1, 1)
+    assert r.as_dict()["missed"] == {"ttft": 1, "itl": 1}
     looser = summarize_llm("closed", 4, records(LEVEL), 2, 10.0, Slo(2000, 300))
     assert looser.good_share == pytest.approx(0.8)  # all but the empty answer
 
