@@ -4,9 +4,10 @@ A step's time depends most on how many of its tokens want logits (each decoding 
 next token and its drafts, the last token of a prompt that finishes): a step of 8 decoding
 sequences takes about four times a one-token step here. One decode-step estimate, learned
 from whatever steps ran last, made every other figure wrong: a prompt token's cost was
-measured against a one-token step while the step it joined held 8 sequences, and learned
-as 4.9 ms instead of about 0.8, so admission by TTFT estimate refused honest requests at
-half load and prompt chunks were cut for a cost that was not there.
+measured against a one-token step while the step it joined held 8 sequences, so the 8-stream
+step's own time was charged to the prompt's tokens (it stood at 4.9 ms a token in an open
+loop), and admission by TTFT estimate refused requests at half load that would have been on
+time.
 
 So decode-only steps are kept by their number of logit tokens, and a prompt token (or a
 draft) costs what its step took beyond the decode step of the same size.

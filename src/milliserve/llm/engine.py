@@ -302,8 +302,13 @@ class Engine:
         (``budget.itl_ms``, else DEFAULT_ITL_S), at the learned cost of a token in a batch.
         Unbounded, two sequences drafting 10 tokens each made 64 ms steps here, and every
         chunk gap of an open-loop run at half capacity was over a 60 ms ITL objective."""
+        return int(self._step_room_s(decoding) / max(self.costs.draft_token_s, 1e-6))
+
+    def _step_room_s(self, decoding: int) -> float:
+        """Seconds a step of ``decoding`` logit tokens may grow by (drafts, prompt chunks) and
+        stay within 80% of the ITL target (``budget.itl_ms``, else DEFAULT_ITL_S)."""
         target = self.itl_budget_s if self.itl_budget_s is not None else DEFAULT_ITL_S
-        return int((target * 0.8 - self.costs.step(decoding)) / max(self.costs.draft_token_s, 1e-6))
+        return target * 0.8 - self.costs.step(decoding)
 
     def _prefill_budget(self, decoding: int) -> int:
         """Prompt tokens a step may prefill beside ``decoding`` tokens that want logits: as
@@ -313,9 +318,7 @@ class Engine:
         loop at 70% of capacity lost requests to their ITL p99 (61-65 ms against 60)."""
         budget = self.step_tokens - decoding
         if decoding:
-            target = self.itl_budget_s if self.itl_budget_s is not None else DEFAULT_ITL_S
-            costs = self.costs
-            fit = int((target * 0.8 - costs.step(decoding)) / max(costs.prefill_token_s, 1e-6))
+            fit = int(self._step_room_s(decoding) / max(self.costs.prefill_token_s, 1e-6))
             budget = min(budget, max(16, fit))
         return max(1, budget)
 
@@ -447,7 +450,8 @@ class Engine:
             return
         t1 = time.perf_counter()
         choice.record(n_tok, threads, (t1 - t0) / n_tok)
-        self.costs.learn(t1 - t0, sum(logits), n_tok - sum(logits), sum(len(d) for _, _, d in plan))
+        wanted = sum(logits)
+        self.costs.learn(t1 - t0, wanted, n_tok - wanted, sum(len(d) for _, _, d in plan))
         self.stats.steps += 1
         # prefill progress and first tokens
         for s, n, at in prefill:
