@@ -251,7 +251,7 @@ def test_the_container_command_serves_probes_and_drains_within_the_grace_period(
     work = Path(tempfile.mkdtemp(prefix="ms-container-"))
     models = work / "models"
     shutil.copytree(example_repo / "fraud_mlp", models / "fraud_mlp")
-    write_slow(models)
+    write_slow(models, steps=600)  # each request runs long enough for all 4 to be held at SIGTERM
     for p in [work, *work.rglob("*")]:  # readable by the image's user
         p.chmod(p.stat().st_mode | stat.S_IROTH | stat.S_IXOTH)
     http, grpc, metrics = free_port(), free_port(), free_port()
@@ -277,7 +277,9 @@ def test_the_container_command_serves_probes_and_drains_within_the_grace_period(
 
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(post_status, url, slow_body()) for _ in range(4)]
-            wait_until(lambda: sum(pending_requests(metrics_url, "slow").values()) >= 1, 60, "in flight")
+            # SIGTERM closes the listeners: a request not yet connected is refused, as it should be,
+            # so the signal waits until every one of them is held (queued or running)
+            wait_until(lambda: sum(pending_requests(metrics_url, "slow").values()) >= 4, 60, "all 4 in flight")
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             codes = [f.result() for f in futures]

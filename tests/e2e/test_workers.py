@@ -142,6 +142,7 @@ def test_sigterm_drains_every_worker(tmp_path: Path, write_slow: Callable[..., P
         tmp_path,
         config='name: "slow"\nmax_batch_size: 4\n'
         'parameters { key: "intra_op_thread_count" value: { string_value: "1" } }\n',
+        steps=600,  # long enough for all 8 to be held before the first batch ends
     )
     srv = ServerProcess(tmp_path, "--workers", "2").start()
     assert srv.proc is not None
@@ -150,7 +151,7 @@ def test_sigterm_drains_every_worker(tmp_path: Path, write_slow: Callable[..., P
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(post_status, url, slow_body()) for _ in range(8)]
-        wait_until(lambda: sum(pending_requests(srv.metrics_url, "slow").values()) >= 2, 60, "requests held")
+        wait_until(lambda: sum(pending_requests(srv.metrics_url, "slow").values()) >= 8, 60, "all 8 held")  # not yet connected = refused
         srv.proc.send_signal(signal.SIGTERM)
         codes = [f.result() for f in futures]
     assert codes == [200] * 8
