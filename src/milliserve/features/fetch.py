@@ -50,11 +50,14 @@ def entity_ids(features: FeatureSet, tensors: Tensors, parameters: dict[str, Any
         found = tensors.get(features.entity_input)
         if found is None:
             raise _missing(f"input {features.entity_input!r} with the entity ids")
+        ids = np.asarray(found.data).reshape(-1).tolist()
+        try:  # the common case: every id short UTF-8 bytes, checked without naming each
+            if all(type(v) is bytes and len(v) <= MAX_ENTITY_ID_BYTES for v in ids):
+                return [v.decode() for v in ids]
+        except UnicodeDecodeError:
+            pass
         name = features.entity_input
-        return [
-            _id(v, f"entity id {i} of input {name!r}")
-            for i, v in enumerate(np.asarray(found.data).reshape(-1))
-        ]
+        return [_id(v, f"entity id {i} of input {name!r}") for i, v in enumerate(ids)]
     value = parameters.get(features.entity_parameter or "")
     if value is None or isinstance(value, bool):
         raise _missing(f"parameter {features.entity_parameter!r} with the entity id")

@@ -14,7 +14,7 @@ import csv
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -94,13 +94,25 @@ class TableFeatures:
     ) -> tuple[list[list[float] | None], bool]:
         return [self.rows.get(i) for i in ids], False
 
+    def fill_nan(self, defaults: np.ndarray[Any, Any]) -> bool:
+        """Give every NaN of the table its column's default; whether the table is now free
+        of NaNs (a NaN default leaves them)."""
+        if len(self.matrix):
+            nan = np.isnan(self.matrix)
+            if nan.any():
+                self.matrix[nan] = np.broadcast_to(defaults, self.matrix.shape)[nan]
+        return not (np.isnan(self.matrix).any() or np.isnan(defaults).any())
+
     def take(
         self, ids: list[str], defaults: np.ndarray[Any, Any]
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """The [len(ids), n] rows in one gather, ``defaults`` where an id is unknown; and which
         were. (A whole batch's rows cost about what one row's did through ``fetch``.)"""
         get = self.index.get
-        found = np.array([get(i, -1) for i in ids], dtype=np.intp)
+        rows = [get(i, -1) for i in ids]
+        if len(self.matrix) and -1 not in rows:  # every entity known: one gather
+            return self.matrix[rows], np.zeros(len(rows), dtype=bool)
+        found = np.array(rows, dtype=np.intp)
         unknown = found < 0
         out = self.matrix[found] if len(self.matrix) else np.empty((len(ids), len(defaults)), np.float32)
         if unknown.any():
@@ -163,6 +175,11 @@ class FeatureSet:
     entity_input: str | None = None  # ... or a BYTES input [batch] / [batch, 1] of ids
     on_unavailable: str = "defaults"  # or "fail"
 
+    def __post_init__(self) -> None:
+        self._defaults = np.asarray(self.defaults, dtype=np.float32)
+        # a table's NaNs ("nan" in the file) take the defaults once, here, not per request
+        self._clean = isinstance(self.source, TableFeatures) and self.source.fill_nan(self._defaults)
+
     @classmethod
     def from_config(
         cls,
@@ -214,10 +231,13 @@ class FeatureSet:
         """The [batch, n] tensor, defaults filled in; which rows were unknown; whether the
         source was unavailable (every row defaulted). For callers that tell several clients
         about their own rows (a pipeline's batch)."""
-        take = getattr(self.source, "take", None)
         unavailable = False
+        if self._clean:  # in memory, NaNs already filled: nothing to wait for or repair
+            out, unknown = cast(TableFeatures, self.source).take(ids, self._defaults)
+            return out, unknown, unavailable
+        take = getattr(self.source, "take", None)
         if take is not None:  # in memory: nothing to wait for, nothing unavailable
-            out, unknown = take(ids, np.asarray(self.defaults, dtype=np.float32))
+            out, unknown = take(ids, self._defaults)
         else:
             rows, unavailable = await self.source.fetch(ids, deadline)
             if unavailable and self.on_unavailable == "fail":
@@ -234,7 +254,7 @@ class FeatureSet:
                     out[i] = row
         nan = np.isnan(out)  # a field missing from a Redis hash, a "nan" in a table
         if nan.any():
-            out[nan] = np.broadcast_to(np.asarray(self.defaults, dtype=np.float32), out.shape)[nan]
+            out[nan] = np.broadcast_to(self._defaults, out.shape)[nan]
         return out, unknown, unavailable
 
     @staticmethod

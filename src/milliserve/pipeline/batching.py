@@ -209,22 +209,26 @@ class BatchedSteps:
                     f"pipeline output {t.name!r} has shape {list(t.shape)}, not a row per input row "
                     f"({rows}): a pipeline with max_batch_size > 0 makes batch-major outputs"
                 )
+        by_name = {t.name: (t.datatype, t.shape[1:], np.asarray(t.data)) for t in outputs}
+        every = list(by_name)
         for it, notes, (start, end) in zip(members, whole.part_notes, whole.spans(), strict=True):
             call = it.call
             assert call is not None
-            by_name = {t.name: t for t in outputs}
-            wanted = [o.name for o in call.request.outputs] if call.request.outputs else list(by_name)
+            wanted = [o.name for o in call.request.outputs] if call.request.outputs else every
             mine = []
             for name in wanted:
-                t = by_name[name]
-                mine.append(
-                    InferTensor(name, t.datatype, (end - start, *t.shape[1:]), np.asarray(t.data)[start:end])
-                )
+                datatype, inner, data = by_name[name]
+                mine.append(InferTensor(name, datatype, (end - start, *inner), data[start:end]))
             stages = call.stages
-            for k, v in whole.stages.items():
-                stages[k] = stages.get(k, 0.0) + v
-            call.notes.update(whole.notes)
-            call.notes.update(notes)
+            if stages:
+                for k, v in whole.stages.items():
+                    stages[k] = stages.get(k, 0.0) + v
+            else:
+                stages.update(whole.stages)
+            if whole.notes:
+                call.notes.update(whole.notes)
+            if notes:
+                call.notes.update(notes)
             it.outputs = mine
             if not it.future.done():
                 it.future.set_result({})

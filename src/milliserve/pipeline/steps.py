@@ -55,6 +55,10 @@ class RulesStep(_Named):
             self._labels = np.array([s.encode() for s in rules.labels], dtype=object)
         else:
             self._bounds = np.array([t.at_least for t in rules.thresholds])
+            # the bounds in each float precision, as Python floats, for the few-rows path
+            self._limits = {
+                np.dtype(t): self._bounds.astype(t).tolist() for t in (np.float16, np.float32, np.float64)
+            }
             # index i = the first threshold reached; the last index is the default
             self._labels = np.array(
                 [t.label.encode() for t in rules.thresholds] + [rules.default.encode()], dtype=object
@@ -79,20 +83,27 @@ class RulesStep(_Named):
                 raise BackendError(f"{self.name}: {r.input!r} has no column {r.column} (width {width})")
             score = x[..., r.column]
             index = self._first_reached(score)
-        tensors[r.output] = tensor(r.output, self._labels[index][..., None])
+        labels = self._labels[index][..., None]
+        tensors[r.output] = InferTensor(r.output, "BYTES", labels.shape, labels)
         if r.score_output:
-            tensors[r.score_output] = tensor(r.score_output, score[..., None].astype(np.float32))
+            s = score[..., None].astype(np.float32)
+            tensors[r.score_output] = InferTensor(r.score_output, "FP32", s.shape, s)
 
     def _first_reached(self, score: np.ndarray[Any, Any]) -> Any:
         """Index of the first threshold each score reaches (the default's index if none)."""
         # compare in the score's precision: float32(0.9) reaches a threshold of 0.9
-        bounds = self._bounds.astype(score.dtype) if score.dtype.kind == "f" else self._bounds
         if score.size <= 8:  # a few rows: plain Python beats a handful of numpy calls
-            limits = bounds.tolist()
-            found = [
-                next((j for j, b in enumerate(limits) if v >= b), len(limits)) for v in score.ravel().tolist()
-            ]
-            return np.array(found).reshape(score.shape)
+            limits = self._limits.get(score.dtype) or self._bounds.tolist()
+            found = []
+            for v in score.ravel().tolist():
+                j = 0
+                for b in limits:
+                    if v >= b:
+                        break
+                    j += 1
+                found.append(j)
+            return found if score.ndim == 1 else np.array(found).reshape(score.shape)
+        bounds = self._bounds.astype(score.dtype) if score.dtype.kind == "f" else self._bounds
         reached = score[..., None] >= bounds
         # argmax finds the first True; rows with none reached get the default
         return np.where(reached.any(-1), reached.argmax(-1), len(bounds))

@@ -39,6 +39,19 @@ def test_batch_fetch_assembles_rows_in_order_with_defaults(tmp_path: Path) -> No
     assert tensor.dtype == np.float32 and notes == {"features_defaulted": "1 unknown entity"}
 
 
+def test_a_nan_in_the_table_gets_its_default_and_ids_in_a_batch_keep_their_order(tmp_path: Path) -> None:
+    (tmp_path / "users.csv").write_text("user_id,a,b\nu1,nan,2\nu2,3,nan\n")
+    names = ["a", "b"]
+    fs = FeatureSet("f", names, [-1.0, -2.0], TableFeatures(tmp_path / "users.csv", "user_id", names))
+    out, unknown, unavailable = asyncio.run(fs.assemble_rows(["u2", "u1", "u2", "zz"]))
+    np.testing.assert_array_equal(out, np.array([[3, -2], [-1, 2], [3, -2], [-1, -2]], np.float32))
+    assert unknown.tolist() == [False, False, False, True] and not unavailable
+    # a NaN default leaves the NaN a NaN, as it did before the table was cleaned at load
+    fs = FeatureSet("f", names, [float("nan"), 0.0], TableFeatures(tmp_path / "users.csv", "user_id", names))
+    out, _, _ = asyncio.run(fs.assemble_rows(["u1", "u2"]))
+    assert np.isnan(out[0, 0]) and out[1].tolist() == [3.0, 0.0]
+
+
 def test_entity_from_a_parameter_and_clear_errors(tmp_path: Path) -> None:
     fs = _set(tmp_path, entity_parameter="user_id")
     assert entity_ids(fs, {}, {"user_id": "u1"}) == ["u1"]
