@@ -279,7 +279,8 @@ def test_the_container_command_serves_probes_and_drains_within_the_grace_period(
             futures = [pool.submit(post_status, url, slow_body()) for _ in range(4)]
             # SIGTERM closes the listeners: a request not yet connected is refused, as it should be,
             # so the signal waits until every one of them is held (queued or running)
-            wait_until(lambda: sum(pending_requests(metrics_url, "slow").values()) >= 4, 60, "all 4 in flight")
+            held = lambda: sum(pending_requests(metrics_url, "slow").values())  # noqa: E731
+            wait_until(lambda: held() >= 4, 60, "all 4 in flight")
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             codes = [f.result() for f in futures]

@@ -151,7 +151,9 @@ def test_sigterm_drains_every_worker(tmp_path: Path, write_slow: Callable[..., P
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(post_status, url, slow_body()) for _ in range(8)]
-        wait_until(lambda: sum(pending_requests(srv.metrics_url, "slow").values()) >= 8, 60, "all 8 held")  # not yet connected = refused
+        # a request not yet connected at SIGTERM is refused (rightly): wait until all are held
+        held = lambda: sum(pending_requests(srv.metrics_url, "slow").values())  # noqa: E731
+        wait_until(lambda: held() >= 8, 60, "all 8 held")
         srv.proc.send_signal(signal.SIGTERM)
         codes = [f.result() for f in futures]
     assert codes == [200] * 8
