@@ -14,7 +14,7 @@ import csv
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -97,11 +97,11 @@ class TableFeatures:
     def fill_nan(self, defaults: np.ndarray[Any, Any]) -> bool:
         """Give every NaN of the table its column's default; whether the table is now free
         of NaNs (a NaN default leaves them)."""
-        if len(self.matrix):
-            nan = np.isnan(self.matrix)
-            if nan.any():
-                self.matrix[nan] = np.broadcast_to(defaults, self.matrix.shape)[nan]
-        return not (np.isnan(self.matrix).any() or np.isnan(defaults).any())
+        nan = np.isnan(self.matrix)
+        if not nan.any():
+            return True
+        self.matrix[nan] = np.broadcast_to(defaults, self.matrix.shape)[nan]
+        return not np.isnan(self.matrix).any()
 
     def take(
         self, ids: list[str], defaults: np.ndarray[Any, Any]
@@ -231,13 +231,12 @@ class FeatureSet:
         """The [batch, n] tensor, defaults filled in; which rows were unknown; whether the
         source was unavailable (every row defaulted). For callers that tell several clients
         about their own rows (a pipeline's batch)."""
-        unavailable = False
-        if self._clean:  # in memory, NaNs already filled: nothing to wait for or repair
-            out, unknown = cast(TableFeatures, self.source).take(ids, self._defaults)
-            return out, unknown, unavailable
         take = getattr(self.source, "take", None)
+        unavailable = False
         if take is not None:  # in memory: nothing to wait for, nothing unavailable
             out, unknown = take(ids, self._defaults)
+            if self._clean:  # the table's NaNs were filled at load: nothing to repair
+                return out, unknown, unavailable
         else:
             rows, unavailable = await self.source.fetch(ids, deadline)
             if unavailable and self.on_unavailable == "fail":

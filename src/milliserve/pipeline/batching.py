@@ -220,15 +220,10 @@ class BatchedSteps:
                 datatype, inner, data = by_name[name]
                 mine.append(InferTensor(name, datatype, (end - start, *inner), data[start:end]))
             stages = call.stages
-            if stages:
-                for k, v in whole.stages.items():
-                    stages[k] = stages.get(k, 0.0) + v
-            else:
-                stages.update(whole.stages)
-            if whole.notes:
-                call.notes.update(whole.notes)
-            if notes:
-                call.notes.update(notes)
+            for k, v in whole.stages.items():
+                stages[k] = stages.get(k, 0.0) + v
+            call.notes.update(whole.notes)
+            call.notes.update(notes)
             it.outputs = mine
             if not it.future.done():
                 it.future.set_result({})

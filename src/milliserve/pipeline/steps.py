@@ -83,11 +83,9 @@ class RulesStep(_Named):
                 raise BackendError(f"{self.name}: {r.input!r} has no column {r.column} (width {width})")
             score = x[..., r.column]
             index = self._first_reached(score)
-        labels = self._labels[index][..., None]
-        tensors[r.output] = InferTensor(r.output, "BYTES", labels.shape, labels)
+        tensors[r.output] = tensor(r.output, self._labels[index][..., None])
         if r.score_output:
-            s = score[..., None].astype(np.float32)
-            tensors[r.score_output] = InferTensor(r.score_output, "FP32", s.shape, s)
+            tensors[r.score_output] = tensor(r.score_output, score[..., None].astype(np.float32))
 
     def _first_reached(self, score: np.ndarray[Any, Any]) -> Any:
         """Index of the first threshold each score reaches (the default's index if none)."""
