@@ -183,8 +183,9 @@ def main() -> None:
         )
     lines += [
         "",
-        "Requests per run of the pipeline's steps over the whole run (a row-wise pipeline's "
-        "concurrent requests share runs; a pipeline with a tokenizer runs once per request): "
+        "Requests per run of the pipeline's steps over the whole run (concurrent requests share "
+        "runs; the sentiment pipeline's texts are padded to the longest of their run, where the "
+        "model fed token ids merges only requests of one length): "
         + ", ".join(f"{p} {r:.2f}" for p, r in runs.items())
         + ".",
     ]

@@ -17,9 +17,16 @@ its own notes (features defaulted for its own rows) and the batch's stage times.
 
 A pipeline batches when it has a batch dimension (``max_batch_size`` > 0) and every step is
 row-wise (``rowwise``: features read per row, python, model, rules, ann). Tokenizers (they pad
-a batch to its longest text) count as row-wise only when a ``pooling`` step turns what they
-padded into one vector per text before it is a pipeline output (an embedding pipeline);
-otherwise, as cascades and hedges, they keep one run per request. Config
+a batch to its longest text) count as row-wise only when what they padded is made one row
+per text again before it is a pipeline output: by a ``pooling`` step (an embedding
+pipeline), or by a model that reads the tokenizer's attention mask and whose outputs have no
+token axis (a classifier: the mask is there so that padding does not change a row's answer).
+Such a batch runs once, padded to its longest text, where one run per text could not merge
+texts of different lengths in the model's batcher (measured: MiniLM on 2 threads, 4 texts of
+32 tokens in 11.9 ms against 5.1 ms each alone). A dynamically quantized model computes its
+activation scales over the whole batch, so a row's score may move in its last digits with
+its batch mates, as it does when the model's own batcher merges requests. Cascades and
+hedges keep one run per request. Config
 ``parameters { key: "pipeline_batching" value: { string_value: "false" } }`` turns it off.
 Requests merge only with equal non-batch shapes and equal request parameters.
 
@@ -36,7 +43,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from milliserve.errors import BackendError, ConfigError, MilliserveError
+from milliserve.errors import BackendError, ConfigError, DeadlineUnmeetableError, MilliserveError
 from milliserve.features.tokenize import TokenizerStep
 from milliserve.protocol.types import InferRequest, InferTensor
 from milliserve.road import BatchCall, Call, Outputs, SpanLog, Step
@@ -60,17 +67,30 @@ def batching_wanted(
 
 def _rowwise(steps: Sequence[Step], outputs: Sequence[str]) -> bool:
     """Every step row-wise, where a tokenizer counts as one when what it padded (its ids and
-    what steps make from them, such as token embeddings) is pooled before it reaches a
-    pipeline output: pooled rows do not depend on the padding of the batch."""
+    what steps make from them, such as token embeddings) is unpadded before it reaches a
+    pipeline output: pooled rows do not depend on the padding of the batch, nor do the rows
+    of a model that reads the tokenizer's attention mask and answers without a token axis
+    (a classifier's probabilities)."""
     padded: set[str] = set()
+    masks: set[str] = set()
     for step in steps:
         if isinstance(step, TokenizerStep):
             padded.update(step.makes)
+            if step.mask:
+                masks.add(step.mask)
         elif not getattr(step, "rowwise", False):
             return False
-        elif padded.intersection(step.needs) and not getattr(step, "unpads", False):
+        elif padded.intersection(step.needs) and not _unpads(step, masks):
             padded.update(step.makes)
     return not padded.intersection(outputs)
+
+
+def _unpads(step: Step, masks: set[str]) -> bool:
+    """Whether ``step``'s outputs are free of the padding of what it reads."""
+    if getattr(step, "unpads", False):
+        return True
+    masked = getattr(step, "masks_padding", None)
+    return masked is not None and any(masked(mask) for mask in masks)
 
 
 @dataclass(slots=True, eq=False)
@@ -90,6 +110,10 @@ def _hashable(parameters: dict[str, Any]) -> tuple[tuple[str, Any], ...] | None:
     except TypeError:
         return None
     return key
+
+
+def _deadline(item: _Member) -> float:
+    return item.call.deadline if item.call is not None and item.call.deadline is not None else float("inf")
 
 
 def _fail(items: list[_Member], exc: BaseException) -> None:
@@ -142,24 +166,40 @@ class BatchedSteps:
 
     async def _run(self, batch: list[QueuedRequest], index: int) -> None:
         members = [it for it in batch if isinstance(it, _Member) and it.call is not None]
-        if len(members) == 1:
-            await self._alone(members[0])
-            return
-        try:
+        while len(members) > 1:
             whole = self._joined(members)
-            outputs = await self.steps(whole)
-            self._split(members, whole, outputs)
+            try:
+                outputs = await self.steps(whole)
+                self._split(members, whole, outputs)
+            except DeadlineUnmeetableError as exc:
+                # the batch carries its earliest deadline: the members that hold it are
+                # refused (as each would be at the model's door), the others run on together
+                late = [it for it in members if _deadline(it) <= (whole.deadline or 0.0)]
+                if not late or len(late) == len(members):
+                    await self._each_alone(members)
+                    return
+                _fail(late, exc)
+                members = [it for it in members if it not in late]
+                continue
+            except MilliserveError:
+                # one request's data may fail the batch: each alone, so only its sender sees
+                # the error
+                await self._each_alone(members)
+                return
+            except BaseException as exc:
+                _fail(members, exc)
+                return
             for it in members:  # the batch's step spans, in each traced member's trace
                 log = it.call.request.trace if it.call is not None else None
                 if log is not None:
                     log.absorb(whole.request.trace)
-        except MilliserveError:
-            # one request's data, or its deadline, may fail the batch: each alone, so only
-            # its sender sees the error
-            for it in members:
-                await self._alone(it)
-        except BaseException as exc:
-            _fail(members, exc)
+            return
+        if members:
+            await self._alone(members[0])
+
+    async def _each_alone(self, members: list[_Member]) -> None:
+        for it in members:
+            await self._alone(it)
 
     async def _alone(self, item: _Member) -> None:
         assert item.call is not None

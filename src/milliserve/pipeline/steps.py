@@ -205,6 +205,15 @@ class ModelCall(_Named):
         """How many instances the step's model has now (1 for a servable without any)."""
         return max(1, len(getattr(self._get(self.model, self.version), "instances", ())))
 
+    def masks_padding(self, mask: str) -> bool:
+        """Whether the model reads the tensor ``mask`` and every output it writes here has
+        fixed dims after the batch (no token axis): its rows do not depend on padding."""
+        if mask not in self.needs:
+            return False
+        config = self._get(self.model, self.version).config
+        written = {t.name: t for t in config.output if t.name in self.outputs}
+        return len(written) == len(self.outputs) and all(-1 not in t.dims for t in written.values())
+
     def takes_any_length(self) -> bool:
         """Whether every input the step sends its model is [batch, any length] (dims [-1])."""
         sent = {m for m, _ in self.inputs}

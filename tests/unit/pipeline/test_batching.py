@@ -4,12 +4,13 @@ what each request gets back, and that a failing batch costs only the request tha
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import numpy as np
 import pytest
 
-from milliserve.errors import ConfigError, InvalidInputError
+from milliserve.errors import ConfigError, DeadlineUnmeetableError, InvalidInputError
 from milliserve.pipeline.batching import BatchedSteps, batching_wanted
 from milliserve.pipeline.steps import RulesStep, tensor
 from milliserve.protocol.types import InferRequest, RequestedOutput
@@ -105,6 +106,34 @@ def test_a_request_that_fails_the_batch_fails_alone() -> None:
     np.testing.assert_array_equal(other[0].data, [[4.0, 4.0]])
     # the first run, the failed batch of three, then each of the three alone
     assert [r.batch_size for r in steps.runs] == [1, 3, 1, 1, 1]
+
+
+def test_a_batch_too_late_for_its_earliest_deadline_refuses_that_request_and_runs_the_rest() -> None:
+    """A batch carries the earliest deadline of its members; when the steps refuse it for that
+    deadline, the members holding it get the refusal (as each would at the model's door) and
+    the others still run as one batch, not one by one."""
+
+    class Door(Steps):
+        async def __call__(self, call: Call) -> Outputs:
+            if call.deadline is not None and call.deadline - time.perf_counter() < 1.0:
+                self.runs.append(call)
+                raise DeadlineUnmeetableError("would miss its deadline; not run")
+            return await super().__call__(call)
+
+    def due(values: list[list[float]], seconds: float) -> Call:
+        call = _call(values)
+        call.deadline = call.request.deadline = time.perf_counter() + seconds
+        return call
+
+    steps = Door()
+    calls = [due([[1.0, 1.0]], 60), due([[2.0, 2.0]], 0.5), due([[3.0, 3.0]], 60), _call([[4.0, 4.0]])]
+    a, tight, b, c = asyncio.run(_served(steps, calls))
+    assert isinstance(tight, DeadlineUnmeetableError)
+    assert not any(isinstance(x, BaseException) for x in (a, b, c))
+    np.testing.assert_array_equal(c[0].data, [[8.0, 8.0]])
+    # the first run, the batch of four refused, then the three others together
+    assert [r.batch_size for r in steps.runs] == [1, 4, 3]
+    assert isinstance(steps.runs[2], BatchCall) and steps.runs[2].parts == (1, 1, 1)
 
 
 def test_only_requests_with_equal_parameters_and_shapes_share_a_run() -> None:

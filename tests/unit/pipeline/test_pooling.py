@@ -1,22 +1,25 @@
 """The pooling step (pipeline/pooling.py): each mode against a plain loop over the rows,
-normalisation, Matryoshka sizes, the token counts, and when a tokenizer's pipeline may batch."""
+normalisation, Matryoshka sizes, the token counts, and when a tokenizer's pipeline may batch
+(pooled, or through a classifier that reads the attention mask)."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from milliserve.config.steps import Pooling, TokenizerConfig
+from milliserve.config.model_config import ModelConfig
+from milliserve.config.steps import PipelineStep, Pooling, TokenizerConfig
 from milliserve.errors import BackendError, InvalidInputError
 from milliserve.examples.minilm import tokenizer_path
 from milliserve.features.tokenize import TokenizerStep
 from milliserve.pipeline.batching import batching_wanted
 from milliserve.pipeline.pooling import PoolingStep, pool
-from milliserve.pipeline.steps import RulesStep, tensor
+from milliserve.pipeline.steps import ModelCall, RulesStep, tensor
 from milliserve.protocol.types import InferRequest
 from milliserve.road import Call
 
@@ -95,6 +98,48 @@ def test_a_tokenizer_pipeline_batches_only_when_pooled_before_its_outputs(tmp_pa
     assert not batching_wanted({}, 8, [tok, Encoder()], ["token_embeddings"])  # padded rows out
     assert not batching_wanted({}, 8, [tok, Encoder(), pooling], ["embedding", "input_ids"])
     assert batching_wanted({}, 8, [RulesStep("r", _rules())], ["label"])
+
+
+def test_a_tokenizer_pipeline_batches_through_a_classifier_that_reads_the_mask(tmp_path: Path) -> None:
+    """A model that reads the tokenizer's attention mask and answers without a token axis
+    (a classifier's probabilities) makes its rows whole again; one that does not read the
+    mask, or answers per token, leaves them padded."""
+    (tmp_path / "tokenizer.json").write_bytes(tokenizer_path().read_bytes())
+    tok = TokenizerStep("step 1", TokenizerConfig(file="tokenizer.json"), tmp_path)
+
+    def classifier(inputs: list[str], probability_dims: list[int]) -> ModelCall:
+        config = ModelConfig.model_validate(
+            {
+                "name": "clf",
+                "backend": "onnxruntime",
+                "max_batch_size": 8,
+                "input": [{"name": n, "data_type": "TYPE_INT64", "dims": [-1]} for n in inputs],
+                "output": [{"name": "probabilities", "data_type": "TYPE_FP32", "dims": probability_dims}],
+            }
+        )
+        step = PipelineStep(model_name="clf")
+        return ModelCall(
+            "step 2 (model clf)", step, inputs, ["probabilities"], lambda m, v: SimpleNamespace(config=config)
+        )
+
+    rules = RulesStep("step 3", _rules_on("probabilities"))
+    outputs = ["label", "score"]
+    assert batching_wanted({}, 8, [tok, classifier(["input_ids", "attention_mask"], [2]), rules], outputs)
+    assert not batching_wanted({}, 8, [tok, classifier(["input_ids"], [2]), rules], outputs)  # no mask
+    per_token = classifier(["input_ids", "attention_mask"], [-1, 2])  # a tagger: per token
+    assert not batching_wanted({}, 8, [tok, per_token, rules], outputs)
+    assert not batching_wanted(
+        {"pipeline_batching": "false"},
+        8,
+        [tok, classifier(["input_ids", "attention_mask"], [2]), rules],
+        outputs,
+    )
+
+
+def _rules_on(source: str) -> Any:
+    from milliserve.config.steps import Rules
+
+    return Rules(input=source, output="label", labels=("a", "b"), score_output="score")
 
 
 def _rules() -> Any:
