@@ -49,6 +49,11 @@ def _expected_fraud(repo: Path, users: list[str], tx: np.ndarray[Any, Any]) -> t
     return labels, p
 
 
+def _executions(base: str) -> int:
+    """How many runs the servable at ``base`` (its ``/v2/models/NAME`` URL) has made."""
+    return int(httpx.get(f"{base}/stats").json()["model_stats"][0]["execution_count"])
+
+
 def _fraud_inputs(module: Any, users: list[str], tx: np.ndarray[Any, Any]) -> list[Any]:
     uid = module.InferInput("user_id", [len(users), 1], "BYTES")
     uid.set_data_from_numpy(np.array([[u.encode()] for u in users], dtype=object))
@@ -95,9 +100,6 @@ def test_concurrent_fraud_requests_share_runs_and_each_gets_its_own_answer(
     labels, scores = _expected_fraud(example_repo, users, tx)
     base = f"http://{server.http_url}/v2/models/fraud"
 
-    def executions() -> int:
-        return int(httpx.get(f"{base}/stats").json()["model_stats"][0]["execution_count"])
-
     def one(i: int) -> tuple[int, dict[str, Any]]:
         body = {
             "inputs": [
@@ -111,7 +113,7 @@ def test_concurrent_fraud_requests_share_runs_and_each_gets_its_own_answer(
 
     shared = False
     for _ in range(20):  # a loaded machine may serialise a round; one that shares is enough
-        before = executions()
+        before = _executions(base)
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(one, range(n)))
         for i, answer in answers:
@@ -120,7 +122,7 @@ def test_concurrent_fraud_requests_share_runs_and_each_gets_its_own_answer(
             assert outputs["fraud_score"][0] == pytest.approx(float(scores[i]), abs=1e-5)
             told = answer.get("parameters", {}).get("features_defaulted")
             assert told == ("1 unknown entity" if users[i].startswith("ghost") else None), (i, told)
-        if executions() - before < n:
+        if _executions(base) - before < n:
             shared = True
             break
     assert shared, "no two concurrent fraud requests ever shared a run of the steps"
@@ -174,9 +176,6 @@ def test_concurrent_texts_of_different_lengths_share_runs_of_the_sentiment_pipel
         alone.append(session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0][0])
     base = f"http://{server.http_url}/v2/models/sentiment"
 
-    def executions() -> int:
-        return int(httpx.get(f"{base}/stats").json()["model_stats"][0]["execution_count"])
-
     def one(i: int) -> tuple[int, dict[str, Any]]:
         body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [texts[i]]}]}
         r = httpx.post(f"{base}/infer", json=body, headers=roomy(), timeout=60)
@@ -185,7 +184,7 @@ def test_concurrent_texts_of_different_lengths_share_runs_of_the_sentiment_pipel
 
     shared = False
     for _ in range(10):  # a loaded machine may serialise a round; one that shares is enough
-        before = executions()
+        before = _executions(base)
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(one, range(len(texts))))
         for i, answer in answers:
@@ -197,7 +196,7 @@ def test_concurrent_texts_of_different_lengths_share_runs_of_the_sentiment_pipel
             if abs(probs[1] - probs[0]) > 0.4:
                 assert outputs["label"] == [("negative", "positive")[int(probs.argmax())]], i
             assert outputs["score"][0] == pytest.approx(float(probs.max()), abs=0.2), i
-        if executions() - before < len(texts):
+        if _executions(base) - before < len(texts):
             shared = True
             break
     assert shared, "no two concurrent sentiment requests ever shared a run of the steps"

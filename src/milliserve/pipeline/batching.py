@@ -24,9 +24,9 @@ token axis (a classifier: the mask is there so that padding does not change a ro
 Such a batch runs once, padded to its longest text, where one run per text could not merge
 texts of different lengths in the model's batcher (measured: MiniLM on 2 threads, 4 texts of
 32 tokens in 11.9 ms against 5.1 ms each alone). A dynamically quantized model computes its
-activation scales over the whole batch, so a row's score may move in its last digits with
-its batch mates, as it does when the model's own batcher merges requests. Cascades and
-hedges keep one run per request. Config
+activation scales over the whole batch, padded positions included, so a row's score moves
+with its batch mates (the int8 MiniLM: up to 0.14, docs/design.md), as it does when the
+model's own batcher merges requests. Cascades and hedges keep one run per request. Config
 ``parameters { key: "pipeline_batching" value: { string_value: "false" } }`` turns it off.
 Requests merge only with equal non-batch shapes and equal request parameters.
 
@@ -112,10 +112,6 @@ def _hashable(parameters: dict[str, Any]) -> tuple[tuple[str, Any], ...] | None:
     return key
 
 
-def _deadline(item: _Member) -> float:
-    return item.call.deadline if item.call is not None and item.call.deadline is not None else float("inf")
-
-
 def _fail(items: list[_Member], exc: BaseException) -> None:
     """Hand ``exc`` to the requests still waiting; re-raise it unless it is an Exception (a
     cancellation of the run itself goes on up)."""
@@ -174,7 +170,7 @@ class BatchedSteps:
             except DeadlineUnmeetableError as exc:
                 # the batch carries its earliest deadline: the members that hold it are
                 # refused (as each would be at the model's door), the others run on together
-                late = [it for it in members if _deadline(it) <= (whole.deadline or 0.0)]
+                late = [it for it in members if it.deadline is not None and it.deadline == whole.deadline]
                 if not late or len(late) == len(members):
                     await self._each_alone(members)
                     return

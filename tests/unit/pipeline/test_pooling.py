@@ -122,7 +122,7 @@ def test_a_tokenizer_pipeline_batches_through_a_classifier_that_reads_the_mask(t
             "step 2 (model clf)", step, inputs, ["probabilities"], lambda m, v: SimpleNamespace(config=config)
         )
 
-    rules = RulesStep("step 3", _rules_on("probabilities"))
+    rules = RulesStep("step 3", _rules("probabilities", "score"))
     outputs = ["label", "score"]
     assert batching_wanted({}, 8, [tok, classifier(["input_ids", "attention_mask"], [2]), rules], outputs)
     assert not batching_wanted({}, 8, [tok, classifier(["input_ids"], [2]), rules], outputs)  # no mask
@@ -136,13 +136,7 @@ def test_a_tokenizer_pipeline_batches_through_a_classifier_that_reads_the_mask(t
     )
 
 
-def _rules_on(source: str) -> Any:
+def _rules(source: str = "score", score_output: str | None = None) -> Any:
     from milliserve.config.steps import Rules
 
-    return Rules(input=source, output="label", labels=("a", "b"), score_output="score")
-
-
-def _rules() -> Any:
-    from milliserve.config.steps import Rules
-
-    return Rules(input="score", output="label", labels=("a", "b"))
+    return Rules(input=source, output="label", labels=("a", "b"), score_output=score_output)
