@@ -99,3 +99,34 @@ def test_allow_empty_false_refuses_an_empty_or_blank_text(tmp_path: Path) -> Non
         ):
             _run(step, b"fine", invisible.encode())
     _run(step, "caf\u00e9 \u200b".encode())  # visible text beside them is fine
+
+
+class _NoPool:
+    """The step's tokenizer, with its rayon-pool ``encode_batch`` taken away."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str) -> Any:
+        return self._tokenizer.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> Any:
+        raise AssertionError("a small batch must not wake tokenizers' thread pool")
+
+
+def test_a_small_batch_is_encoded_text_by_text_and_padded_as_encode_batch_pads(tmp_path: Path) -> None:
+    texts = [
+        "short",
+        "a somewhat longer tweet about the weather, which was lovely today!! 🌞🌞",
+        "Ünïcödé àccents and ＦＵＬＬＷＩＤＴＨ letters",
+        "word " * 200,  # cut at max_length
+        "two words",
+    ]
+    step = _step(tmp_path, max_length=24)
+    reference = step.tokenizer.encode_batch(texts)  # padded to the longest, pad id 0
+    step.tokenizer = _NoPool(step.tokenizer)
+    out = _run(step, *(t.encode() for t in texts))
+    assert out["input_ids"].shape == (5, 24)
+    np.testing.assert_array_equal(out["input_ids"].data, [e.ids for e in reference])
+    np.testing.assert_array_equal(out["attention_mask"].data, [e.attention_mask for e in reference])
+    assert out["input_ids"].data.dtype == np.int64 and out["attention_mask"].data.dtype == np.int64
