@@ -66,6 +66,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = cache_dir() / "mini_project_results.json"  # the last full run, for --publish
 ZIPF = 1.1
 SLO_MS = 50.0
+ACCURACY_PASSES = 3  # per milliserve step; the naive services answer one tweet at a time
 
 
 @dataclass
@@ -80,6 +81,9 @@ class Step:
     settle: Callable[[], None]  # wait until the server has no work left from the last run
     before_run: Callable[[], None] = lambda: None
     rows: list[dict[str, Any]] = field(default_factory=list)
+    # accuracy passes: milliserve's batches mix the 4 concurrent tweets differently each pass,
+    # and its INT8 dynamic model's scores move with their batch mates (docs/design.md)
+    passes: int = 1
 
 
 def _texts(quick: bool) -> tuple[list[str], np.ndarray[Any, Any]]:
@@ -214,6 +218,7 @@ def main() -> None:
                 ),
                 milliserve_stages(client, server.metrics_url, "sentiment_model"),
                 pause(),
+                passes=ACCURACY_PASSES,
             ),
             Step(
                 "5 server tokenizer",
@@ -224,6 +229,7 @@ def main() -> None:
                 accuracy_of(client, ms_http, "sentiment", texts, labels),
                 milliserve_stages(client, server.metrics_url, "sentiment"),
                 pause(),
+                passes=ACCURACY_PASSES,
             ),
             Step(
                 "6 Redis cache",
@@ -235,6 +241,7 @@ def main() -> None:
                 milliserve_stages(client, server.metrics_url, "sentiment_cached"),
                 pause(),
                 before_run=lambda: flush_redis(redis.port),
+                passes=ACCURACY_PASSES,
             ),
             Step(
                 "7 gRPC",
@@ -246,6 +253,7 @@ def main() -> None:
                 milliserve_stages(client, server.metrics_url, "sentiment_cached"),
                 pause(),
                 before_run=lambda: flush_redis(redis.port),
+                passes=ACCURACY_PASSES,
             ),
         ]
         naive = steps[0]
@@ -282,8 +290,12 @@ def main() -> None:
         for step in steps:
             capacity = capacity_search(step, naive_capacity, work, seconds, SLO_MS)
             print(f"{step.name}: capacity {capacity:.0f} req/s at p99 <= {SLO_MS:.0f} ms", flush=True)
-            step.before_run()
-            results.append(StepResult(step.name, step.change, step.rows, capacity, step.accuracy()))
+            accuracies = []
+            for _ in range(step.passes):
+                step.before_run()  # a cached step answers each pass afresh
+                accuracies.append(step.accuracy())
+            accuracy = float(np.median(accuracies))
+            results.append(StepResult(step.name, step.change, step.rows, capacity, accuracy, accuracies))
         if args.quick:  # a quick run checks the script; its numbers are not a measurement
             print(render(results, naive_capacity, load, rounds, seconds, cpu_description(), SLO_MS))
             draw_waterfall(results, work.parent / "mini-project-waterfall.png")
