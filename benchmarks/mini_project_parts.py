@@ -258,6 +258,7 @@ def render(
     slo: float,
 ) -> str:
     naive, final = results[0], results[-1]
+    passes = max(len(r.accuracies) for r in results)
     lines = [
         "## The seeds' mini project: a sentiment service, step by step",
         "",
@@ -267,10 +268,10 @@ def render(
         f"{seconds:.0f} s per step; the worst round's percentiles in the columns, the median rounds in "
         "the ratios. Capacity: the highest rate (×1.4 steps) "
         f"with p99 ≤ {slo:.0f} ms and ≤ 0.1% not served, as a multiple of the naive service's capacity. "
-        "Accuracy: the 1000 held-out tweets through each step's endpoint, 4 at a time; for milliserve's "
-        "steps the median (and range) of 3 passes, because its batches mix those 4 tweets differently "
-        "each pass and the INT8 dynamic model's scores move with their batch mates; one pass for the "
-        "naive services, which run one tweet at a time.",
+        "Accuracy: the 1000 held-out tweets through each step's endpoint, 4 at a time; for "
+        f"milliserve's steps the median (and range) of {passes} passes, because its batches mix those "
+        "4 tweets differently each pass and the INT8 dynamic model's scores move with their batch "
+        "mates; one pass for the naive services, which run one tweet at a time.",
         "",
         "| step | what changed | p50 ms | p95 ms | p99 ms | naive p99 / this (median rounds; naive's best / "
         "this step's worst) | throughput req/s | "
