@@ -11,7 +11,8 @@ requests that arrive while ``slots`` batches are running leave together. One slo
 default: the steps run on the event loop, and a second batch in flight only splits the
 requests into smaller batches (measured: 2 slots cost the fraud pipeline a fifth of its
 throughput). A pipeline gets as many slots as its widest model step has instances, so that
-every instance can be busy. The batch's rows go
+every instance can be busy. An idle slot with concurrent clients first yields the loop for
+up to ``GATHER_TURNS`` turns while they bring more of the burst. The batch's rows go
 through the steps as one request (a ``BatchCall``), and each request gets its own rows back,
 its own notes (features defaulted for its own rows) and the batch's stage times.
 
@@ -53,6 +54,16 @@ from milliserve.runtime.validation import Signature
 __all__ = ["BatchedSteps", "batching_wanted"]
 
 _MODES = ("auto", "false")
+
+# Turns of the event loop an idle slot waits for companions while they keep coming
+# (``Batcher._gather``). One turn gathers the requests whose tasks are already ready;
+# later turns read the sockets again and gather the rest of a burst. A batch's steps cost
+# a fixed ~100 µs of Python (the fraud pipeline: a feature gather, a join, a model call,
+# the rules), far more than a turn, so it pays to wait for them: measured with 8 and 16
+# closed-loop HTTP clients (2 vCPU), rows per run went from 2.4 to 7 and from 6.3 to 15.9,
+# and throughput rose by 1.3-1.7x. A microsecond model alone keeps one turn: there extra
+# turns measured no better.
+GATHER_TURNS = 3
 
 
 def batching_wanted(
@@ -131,8 +142,10 @@ class BatchedSteps:
         self.steps = steps
         policy = BatchPolicy(label, merge=True, max_batch_size=max_batch_size)
         self.batcher = Batcher(policy, self._run, slots)
-        # let requests the server has already read join an idle slot's batch (one loop turn)
+        # let requests the server has already read join an idle slot's batch, and those it
+        # reads in the next turns of the loop while they keep coming (see GATHER_TURNS)
         self.batcher.gather_ready = True
+        self.batcher.gather_turns = GATHER_TURNS
 
     async def start(self) -> None:
         await self.batcher.start()

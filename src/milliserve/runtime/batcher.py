@@ -178,6 +178,9 @@ class Batcher:
         # For models run on the event loop thread: before running an idle instance's batch,
         # yield the loop once so requests the server has already read join it (see execute).
         self.gather_ready = False
+        # at most this many turns (``_gather``): one for a microsecond model, whose batch
+        # costs about what a turn of the loop does; more where a batch's fixed cost is large
+        self.gather_turns = 1
         self._gathering = 0  # requests yielding for companions right now (they count as pending)
         self._gather_count = 0
         self.busy_s = 0.0  # instance-seconds spent running batches (budget-driven batching reads it)
@@ -214,11 +217,9 @@ class Batcher:
             index = self._free.pop()
             batch = [item]
             if self.gather_ready and self.policy.merge and self._gather_now():
-                # One turn of the loop lets every request already received run up to this
-                # batcher and queue here (the instance is taken): they ride in this batch.
                 self._gathering += 1
                 try:
-                    await asyncio.sleep(0)
+                    await self._gather()
                 except asyncio.CancelledError:
                     self._free.append(index)
                     raise
@@ -244,6 +245,22 @@ class Batcher:
             return item.future.result()
         self._enqueue(item, timeout_s)
         return await item.future
+
+    async def _gather(self) -> None:
+        """Yield the loop while it brings companions, at most ``gather_turns`` turns. The
+        first turn lets every request already received run up to this batcher and queue
+        here (the instance is taken); a later one lets the loop read the sockets again, so
+        that the rest of a burst of clients, whose bytes arrived while the first ran, rides
+        in this batch too instead of waiting for the next. A turn that brings nobody ends
+        it, as does a full batch."""
+        limit = self.policy.max_batch_size
+        before = self._size
+        for _ in range(self.gather_turns):
+            await asyncio.sleep(0)
+            now = self._size
+            if now == before or now + 1 >= limit:
+                return
+            before = now
 
     def _gather_now(self) -> bool:
         """Whether to yield for companions: when recent arrivals overlapped (concurrent

@@ -182,3 +182,38 @@ def _rules() -> Any:
     from milliserve.config.steps import Rules
 
     return Rules.model_validate({"input": "p", "labels": ["a", "b"], "output": "label"})
+
+
+def test_an_idle_slot_gathers_a_burst_that_reaches_it_over_several_turns() -> None:
+    """With concurrent clients, an idle slot waits while turns of the loop bring more of
+    the burst (as the server reads the rest of it from the sockets), so a burst whose
+    requests reach the pipeline over three turns runs as one batch."""
+
+    class Inline:  # steps that never await, as the fraud pipeline's do
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        async def __call__(self, call: Call) -> Outputs:
+            self.sizes.append(call.batch_size)
+            x = np.concatenate([t.data for t in call.request.inputs])
+            return [tensor("y", x * 2)]
+
+    async def late(batched: BatchedSteps, turns: int) -> Outputs:
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        return await batched(_call([[float(turns), 0.0]]))
+
+    async def main() -> list[int]:
+        steps = Inline()
+        batched = BatchedSteps("p:1", steps, max_batch_size=16)
+        await batched.start()
+        try:
+            for _ in range(5):
+                batched.batcher._overlap = 1.0  # concurrent clients noticed, as a server's are
+                await asyncio.gather(*(late(batched, t) for t in (0, 0, 0, 0, 0, 0, 1, 2)))
+        finally:
+            await batched.close()
+        return steps.sizes
+
+    sizes = asyncio.run(main())
+    assert sizes[-5:] == [8] * 5

@@ -325,3 +325,30 @@ def test_inline_batches_gather_the_requests_already_read(run: Any) -> None:
     assert sorted(x for batch in concurrent for x in batch) == sorted(
         100 * w + i for w in range(30) for i in range(8)
     )
+
+
+def test_gathering_goes_on_while_turns_bring_companions(run: Any) -> None:
+    """An idle instance that gathers for several turns (a pipeline's batcher) takes in a
+    request that reaches the batcher one turn after the first companions, as the rest of a
+    burst does once the loop has read the sockets again; with one turn (a model's) that
+    request waits for the next batch. A turn that brings nobody ends the gathering."""
+
+    async def late(b: Batcher, value: int, turns: int) -> None:
+        for _ in range(turns):  # reaches the batcher this many turns after the others
+            await asyncio.sleep(0)
+        await b.execute(item(value), None)
+
+    async def main(turns: int) -> list[list[int]]:
+        runner = Recorder()  # never awaits: the batch runs where it is taken
+        b = await started(policy(), runner)
+        b.gather_ready, b.gather_turns = True, turns
+        b._overlap = 1.0  # concurrent clients noticed
+        await asyncio.gather(b.execute(item(0), None), b.execute(item(1), None), late(b, 2, 1), late(b, 3, 3))
+        await b.close()
+        return runner.batches
+
+    # turn 1 brings 1, turn 2 brings 2, turn 3 brings nobody: 3 (two turns later still) waits
+    assert run(main(3)) == [[0, 1, 2], [3]]
+    one_turn = run(main(1))
+    assert one_turn[0] == [0, 1]
+    assert sorted(x for batch in one_turn for x in batch) == [0, 1, 2, 3]
