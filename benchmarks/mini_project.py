@@ -53,7 +53,7 @@ from mini_project_parts import (
     render,
     wait_answering,
 )
-from report_sections import bench_level, write_section
+from report_sections import bench_level, commit, write_section
 from server_overhead import cpu_description
 
 from milliserve.bench.text_stream import repeat_share, text_stream, token_bodies
@@ -118,6 +118,7 @@ def publish() -> None:
         saved["seconds"],
         saved["cpu"],
         SLO_MS,
+        saved.get("commit", ""),
     )
     print(body)
     img = HERE.parent / "docs" / "img" / "mini-project-waterfall.png"
@@ -139,6 +140,7 @@ def main() -> None:
     if args.publish:
         publish()
         return
+    measured_at = commit()  # the checkout measured, read before the run (it may move meanwhile)
     seconds = 4.0 if args.quick else args.seconds
     rounds = 1 if args.quick else args.rounds
     work = Path(tempfile.mkdtemp(prefix="mini-project-"))
@@ -301,7 +303,7 @@ def main() -> None:
             draw_waterfall(results, work.parent / "mini-project-waterfall.png")
         else:
             saved = {"results": [asdict(r) for r in results], "naive_capacity": naive_capacity, "load": load}
-            saved |= {"rounds": rounds, "seconds": seconds, "cpu": cpu_description()}
+            saved |= {"rounds": rounds, "seconds": seconds, "cpu": cpu_description(), "commit": measured_at}
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps(saved))
             publish()

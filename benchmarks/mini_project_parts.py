@@ -256,13 +256,17 @@ def render(
     seconds: float,
     cpu: str,
     slo: float,
+    measured_at: str = "",
 ) -> str:
+    """The section; ``measured_at`` is the commit the run measured (a run saved before
+    results kept it has none)."""
     naive, final = results[0], results[-1]
     passes = max(len(r.accuracies) for r in results)
     lines = [
         "## The seeds' mini project: a sentiment service, step by step",
         "",
-        f"`benchmarks/mini_project.py`. {cpu}. Server, Redis and the load generator share these cores.",
+        f"`benchmarks/mini_project.py`{f' at commit {measured_at}' if measured_at else ''}. {cpu}. "
+        "Server, Redis and the load generator share these cores.",
         f"Open-loop Poisson at **{load:.0f} req/s** (70% of the naive service's capacity, "
         f"{naive_capacity:.0f} req/s in a closed loop at 4 connections), {rounds} interleaved rounds of "
         f"{seconds:.0f} s per step; the worst round's percentiles in the columns, the median rounds in "
