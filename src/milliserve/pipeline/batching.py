@@ -61,8 +61,8 @@ _MODES = ("auto", "false")
 # a fixed ~100 µs of Python (the fraud pipeline: a feature gather, a join, a model call,
 # the rules), far more than a turn, so it pays to wait for them: measured with 8 and 16
 # closed-loop HTTP clients (2 vCPU), rows per run went from 2.4 to 7 and from 6.3 to 15.9,
-# and throughput rose by 1.3-1.7x. A microsecond model alone keeps one turn: there extra
-# turns measured no better.
+# and at 8 clients throughput from 3.6-4.9k to 6.2-7.2k req/s. A microsecond model alone
+# keeps one turn: there extra turns measured no better (docs/design.md).
 GATHER_TURNS = 3
 
 

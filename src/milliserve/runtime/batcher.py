@@ -175,8 +175,9 @@ class Batcher:
         self._last_arrival: float | None = None
         self._dispatcher: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
-        # For models run on the event loop thread: before running an idle instance's batch,
-        # yield the loop once so requests the server has already read join it (see execute).
+        # For models run on the event loop thread, and pipelines' steps: before running an
+        # idle instance's batch, yield the loop so requests the server has already read join
+        # it (see execute and _gather).
         self.gather_ready = False
         # at most this many turns (``_gather``): one for a microsecond model, whose batch
         # costs about what a turn of the loop does; more where a batch's fixed cost is large
@@ -258,7 +259,7 @@ class Batcher:
         for _ in range(self.gather_turns):
             await asyncio.sleep(0)
             now = self._size
-            if now == before or now + 1 >= limit:
+            if now == before or now + 1 >= limit:  # + 1: the request gathering, queued apart
                 return
             before = now
 
