@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from milliserve.cli.console import table_console
 from milliserve.cli.serve import UsageError
 
 __all__ = ["add_bench_parser"]
@@ -125,13 +126,6 @@ def _progress() -> Iterator[Callable[[str, float], None]]:
         yield step
 
 
-def _out() -> Any:
-    from rich.console import Console
-
-    out = Console()
-    return out if out.is_terminal else Console(width=180)  # piped: don't wrap at 80 columns
-
-
 def _bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -187,7 +181,7 @@ def _bench(args: argparse.Namespace) -> int:
     )
     with _progress() as step:
         report = run_bench(cfg, step)
-    print_report(report, _out())
+    print_report(report, table_console())
     if args.json:
         write_json(report, args.json)
     if args.csv:

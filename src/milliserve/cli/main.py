@@ -75,12 +75,12 @@ def _examples_data(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from milliserve.cli.console import table_console
     from milliserve.examples.demo import run_demo
 
-    console = Console()
+    console = table_console()
     summaries = run_demo(args.dir, args.requests, log=console.print)
     table = Table(title="milliserve demo: latency seen by tritonclient (sequential requests)")
     for col in ("path", "requests", "p50 ms", "p95 ms", "p99 ms", "req/s"):
@@ -149,16 +149,16 @@ def _index_build(args: argparse.Namespace) -> int:
 
 
 def _budget_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from milliserve.budget.report import budget_report, plot_waterfall
+    from milliserve.cli.console import table_console
     from milliserve.plotting import pyplot
 
     if args.plot:
         pyplot("milliserve budget report --plot")  # before any work: fail now if it cannot draw
     report = budget_report(args.url, args.model, args.metrics_url)
-    console = Console()
+    console = table_console()
     table = Table(title=f"{report.model}: per-stage latency against the budget (from histogram buckets)")
     for col in ("stage", "requests", "p50 ms", "p95 ms", "p99 ms", "budget ms", "slack ms", ""):
         table.add_column(col, justify="left" if col in ("stage", "") else "right")
