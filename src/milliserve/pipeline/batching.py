@@ -56,13 +56,9 @@ __all__ = ["BatchedSteps", "batching_wanted"]
 _MODES = ("auto", "false")
 
 # Turns of the event loop an idle slot waits for companions while they keep coming
-# (``Batcher._gather``). One turn gathers the requests whose tasks are already ready;
-# later turns read the sockets again and gather the rest of a burst. A batch's steps cost
-# a fixed ~100 µs of Python (the fraud pipeline: a feature gather, a join, a model call,
-# the rules), far more than a turn, so it pays to wait for them: measured with 8 and 16
-# closed-loop HTTP clients (2 vCPU), rows per run went from 2.4 to 7 and from 6.3 to 15.9,
-# and at 8 clients throughput from 3.6-4.9k to 6.2-7.2k req/s. A microsecond model alone
-# keeps one turn: there extra turns measured no better (docs/design.md).
+# (``Batcher._gather``): a batch's steps cost a fixed ~100 µs of Python, far more than a
+# turn, so it pays to gather the rest of a burst; a model keeps one turn. The measurements
+# are in docs/design.md ("Microsecond models run on the event loop").
 GATHER_TURNS = 3
 
 
