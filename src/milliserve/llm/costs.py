@@ -9,8 +9,9 @@ step's own time was charged to the prompt's tokens (it stood at 4.9 ms a token i
 loop), and admission by TTFT estimate refused requests at half load that would have been on
 time.
 
-So decode-only steps are kept by their number of logit tokens, and a prompt token (or a
-draft) costs what its step took beyond the decode step of the same size.
+So steps without a prompt chunk are kept by their number of logit tokens (drafts count:
+verifying them is the same work as as many more sequences' tokens), and a prompt token costs
+what its step took beyond the decode step of the same size.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ class StepCosts:
         self.prefill_token_s = 0.003
         self.draft_token_s = 0.004  # what a drafted token adds to a small step
 
-    def seed(self, one: float, four: float, prompt32: float) -> None:
-        """The warm-up's one-token step, a step of 4 logit tokens, and a 32-token prompt
-        (one logit token)."""
+    def seed(self, one: float, four: float, prompt32: float, eight: float | None = None) -> None:
+        """The warm-up's one-token step, a step of 4 logit tokens, a 32-token prompt (one
+        logit token), and a step of 8 logit tokens if measured."""
         self._decode = {1: one, 4: max(four, one)}
+        if eight is not None:
+            self._decode[8] = max(eight, four, one)
         self.prefill_token_s = max(0.0, prompt32 - one) / 31
         # 0 on a busy machine (the one-token steps slowed, this one not): the engine reads it
         # as cheap, and the steps that verify drafts correct it
@@ -79,7 +82,7 @@ class StepCosts:
         if prompt_tokens == 0 and drafted:
             base = self.step(logits - drafted)
             self.draft_token_s = toward(self.draft_token_s, max(0.0, dt - base) / drafted)
-        elif prompt_tokens == 0:
+        if prompt_tokens == 0:
             # a size seen for the first time starts from the line through its neighbours,
             # so that one stalled step cannot set it
             self._decode[logits] = toward(self.step(logits), dt)

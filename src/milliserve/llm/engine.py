@@ -24,7 +24,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -279,23 +278,31 @@ class Engine:
             t.append(time.perf_counter() - t0)
         t0 = time.perf_counter()  # a one-token step with 3 drafts to verify
         m.decode([1] * 4, list(range(35, 39)), [slot] * 4, [True] * 4)
-        self.costs.seed(min(t), time.perf_counter() - t0, prompt_s)
+        four = time.perf_counter() - t0
+        t0 = time.perf_counter()  # and with 7
+        m.decode([1] * 8, list(range(39, 47)), [slot] * 8, [True] * 8)
+        self.costs.seed(min(t), four, prompt_s, eight=time.perf_counter() - t0)
         m.seq_remove(slot)
 
-    def _worth_drafting(self, s: Sequence, decoding: int) -> int:
-        """Drafts worth verifying for ``s``: the i-th draft pays when the chance that it and
-        those before it are accepted (the sequence's acceptance rate, to the i-th power)
-        times the step it spares is more than what one more token costs the step. On a
-        CPU a drafted token adds almost half a one-token step (4 ms against 9 here, learned
-        from the steps that verify drafts), so a chat whose drafts are accepted half the
-        time drafts one token, a copy from the prompt accepted 90% of the time seven. Every
-        8th token tries two, to notice a change. ``decoding``: the sequences in the step (the
-        step a draft spares is one of that size)."""
-        # a learned cost of 0 (math.log(0) raised, and stopped the engine) means drafts are cheap
-        ratio = max(self.costs.draft_token_s / max(self.costs.step(decoding), 1e-6), 1e-3)
-        p = min(max(s.accept_rate, 0.01), 0.99)
-        worth = int(math.log(ratio) / math.log(p)) if ratio < 1.0 else 0
-        return max(worth, 2 if s.generated % 8 == 0 else 0)
+    def _worth_drafting(self, p: float, expect: float, width: int, most: int) -> int:
+        """Drafts worth verifying (up to ``most``) for a sequence whose drafted tokens are
+        accepted with chance ``p`` each, in a step of ``width`` logit tokens so far that is
+        expected to yield ``expect`` tokens: the count d that makes the step yield the most
+        tokens a second, (expect + p + p^2 + ... + p^d) / step(width + d), none where no
+        count beats the step without. A step's cost is learned by its size (llm/costs.py)
+        and it does not grow in a line: on 2 vCPU a one-token step took 8.4 ms, two tokens
+        15.7, four 23.8, eleven 50.3. So one or two drafts cost most per token, and a copy
+        accepted 90% of the time pays from three on, not one at a time."""
+        p = min(max(p, 0.0), 0.99)
+        best, best_rate = 0, expect / max(self.costs.step(width), 1e-6)
+        gain, q = expect, 1.0
+        for d in range(1, most + 1):
+            q *= p
+            gain += q
+            rate = gain / max(self.costs.step(width + d), 1e-6)
+            if rate > best_rate:
+                best, best_rate = d, rate
+        return best
 
     def _draft_room(self, decoding: int) -> int:
         """Draft tokens one step may verify: as many as keep it within 80% of the ITL target
@@ -393,9 +400,16 @@ class Engine:
         room = self._draft_room(len(decoding)) if speculate else 0
         feed: dict[int, list[int]] = {}  # slot -> tokens this step (decoding: last + drafts)
         drafts_of: dict[int, list[int]] = {}
+        guesses: dict[int, int] = {}  # slot -> the draft's first token, where none is verified
+        expect, width = float(len(decoding)), len(decoding)  # tokens the step yields; its logits
         for s in decoding:
-            most = min(room, self._worth_drafting(s, len(decoding))) if room > 0 and s.req.speculate else 0
-            drafts = s.draft(self.draft_tokens, m.n_ctx_seq)[:most] if most > 0 else []
+            want = max(1, min(room, self.draft_tokens))
+            guess = s.lookup(want, m.n_ctx_seq) if speculate and s.req.speculate else []
+            drafts = guess[: min(room, self._worth_drafting(s.accept_rate, expect, width, len(guess)))]
+            if guess and not drafts:
+                guesses[s.slot] = guess[0]
+            expect += sum(s.accept_rate**i for i in range(1, len(drafts) + 1))
+            width += len(drafts)
             room -= len(drafts)
             drafts_of[s.slot] = drafts
             feed[s.slot] = [s.last, *drafts]
@@ -479,10 +493,11 @@ class Engine:
                 s.accepted += len(out) - 1
                 self.stats.draft_tokens += len(drafts)
                 self.stats.accepted_tokens += len(out) - 1
-                s.accept_rate = 0.7 * s.accept_rate + 0.3 * ((len(out) - 1) / len(drafts))
-                s.accept_run = 0.6 * s.accept_run + 0.4 * (len(out) - 1)
+                s.learn(len(drafts), len(out) - 1)
                 if len(out) - 1 < len(drafts):
                     m.seq_remove(s.slot, s.n_past, -1)  # the rejected drafts' KV
+            elif s.slot in guesses:  # what a draft would have done, learned for free
+                s.learn(1, int(out[0] == guesses[s.slot]))
             self._emit_tokens(s, out, t1)
 
     def _slot_for(self, prompt: list[int]) -> int:

@@ -12,6 +12,11 @@ from typing import Any
 
 __all__ = ["Event", "GenRequest", "Sequence", "held_back"]
 
+# prompt lookup: the most earlier occurrences of a token weighed per draft (the latest), and
+# the most tokens of context compared at each (a few microseconds a sequence a step)
+MATCH_CANDIDATES = 64
+MATCH_TOKENS = 12
+
 
 @dataclass(slots=True)
 class Event:
@@ -50,7 +55,6 @@ class Sequence:
 
     __slots__ = (
         "accept_rate",
-        "accept_run",
         "accepted",
         "admitted",
         "cached",
@@ -94,8 +98,7 @@ class Sequence:
         self.last_at = 0.0
         self.drafted = 0
         self.accepted = 0
-        self.accept_rate = 1.0
-        self.accept_run = 3.0  # drafted tokens accepted per verifying step (EWMA)
+        self.accept_rate = 1.0  # the chance that a drafted token is accepted (EWMA; learn)
         self.ran_from = 0  # tokens generated when it was admitted or last resumed
         self.saved = b""  # its KV while it is suspended (preemption)
 
@@ -108,20 +111,13 @@ class Sequence:
         self.index.setdefault(token, []).append(len(self.history))
         self.history.append(token)
 
-    def draft(self, most: int, n_ctx: int) -> list[int]:
-        """Prompt lookup: the tokens that followed the latest earlier occurrence of the
-        sequence's last n tokens (n = 3, then 2), if any. As many as the sequence's recent
-        acceptance makes worth verifying: while drafts are mostly accepted, half again the
-        run the sequence has been accepting (up to ``most``: a copy from the prompt accepts
-        long runs, which pay most), two while some are, and none (with a retry every 8
-        tokens) while they keep failing."""
-        rate = self.accept_rate
-        if rate >= 0.5:
-            want = max(2, min(most, int(self.accept_run * 1.5) + 2))
-        elif rate >= 0.2 or self.generated % 8 == 0:
-            want = min(2, most)
-        else:
-            return []
+    def lookup(self, want: int, n_ctx: int) -> list[int]:
+        """Up to ``want`` tokens that followed the earlier occurrence of the sequence's last
+        token whose context matches the most tokens before it (at least 2; up to
+        MATCH_TOKENS; the latest among equals). A text that quotes the same words twice
+        ("... said the bicycle lanes reduced ..." and "... said the bicycle lanes
+        brought ...") is told apart by the words before them, where the latest 3-token
+        match would draft the wrong continuation."""
         h = self.history
         n_hist = len(h)
         room = min(want, self.req.max_tokens - self.generated - 1, n_ctx - self.n_past - 2)
@@ -130,14 +126,25 @@ class Sequence:
         cands = self.index.get(h[-1])
         if not cands or len(cands) < 2:
             return []
-        for n in (3, 2):
-            tail = h[n_hist - n :]
-            for p in reversed(cands[:-1]):  # the last one is the current position
-                if p - n + 1 < 0:
-                    continue
-                if h[p - n + 1 : p + 1] == tail:
-                    return h[p + 1 : p + 1 + room]
-        return []
+        best, best_at = 1, -1
+        end = n_hist - 1
+        for p in reversed(cands[-1 - MATCH_CANDIDATES : -1]):  # the last one is the current position
+            n = 1
+            while n < MATCH_TOKENS and n <= p and h[p - n] == h[end - n]:
+                n += 1
+            if n > best:
+                best, best_at = n, p
+                if n == MATCH_TOKENS:
+                    break
+        return h[best_at + 1 : best_at + 1 + room] if best >= 2 else []
+
+    def learn(self, drafted: int, accepted: int) -> None:
+        """What a step's verification (or, with ``drafted`` 1, the lookup's unverified guess:
+        a sequence that drafts nothing still learns, and notices when its text turns to
+        copying) says of the chance that the next drafted token is accepted: the tokens
+        checked are those accepted and the first one rejected."""
+        checked = accepted + (accepted < drafted)
+        self.accept_rate = 0.7 * self.accept_rate + 0.3 * (accepted / checked)
 
 
 def held_back(pending: str, stops: tuple[str, ...]) -> int:

@@ -1,0 +1,145 @@
+"""Prompt-lookup drafting: which earlier occurrence a draft copies, how many tokens a step
+verifies, and that a sequence whose drafts failed drafts again once its text copies.
+
+The engine runs here over a scripted token model: the token after position q is always
+the script's token q + 1 (what a greedy model that quotes its prompt would give), and a
+step's cost is pinned to what steps of each size measured on 2 vCPU (each token adds less
+than the one before), so that what the engine decides does not depend on this machine's load."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from milliserve.llm.engine import Engine
+from milliserve.llm.sequence import Event, GenRequest, Sequence
+
+PASSAGE = list(range(100, 200))  # the quoted text: 100 tokens, none repeated
+# seconds of a step by its logit tokens (one sequence with its drafts), measured on 2 vCPU
+CPU_STEPS = {1: 0.0084, 2: 0.0157, 3: 0.0210, 4: 0.0238, 6: 0.0327, 11: 0.0503}
+
+
+class ScriptedModel:
+    """A TokenModel whose sampled token is ``script[pos + 1]`` for the batch entry at ``pos``."""
+
+    n_ctx_seq = 512
+    batch_capacity = 1024
+    threads = (1, 1)
+    interruptible = False
+
+    def __init__(self, script: list[int]) -> None:
+        self.script = script
+        self.pos: list[int] = []
+
+    def set_threads(self, n: int, n_batch: int) -> None:
+        pass
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return b"x"
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[int], logits: list[bool]) -> bool:
+        self.pos = list(pos)
+        return True
+
+    def interrupt(self, stop: bool = True) -> None:
+        pass
+
+    def new_sampler(self, spec: Any) -> Any:
+        return object()
+
+    def accept(self, sampler: Any, token: int) -> None:
+        pass
+
+    def sample(self, sampler: Any, index: int) -> int:
+        q = self.pos[index] + 1
+        return self.script[q] if q < len(self.script) else 0
+
+    def free_sampler(self, sampler: Any) -> None:
+        pass
+
+    def seq_remove(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        return True
+
+    def seq_copy(self, src: int, dst: int, keep: int) -> None:
+        pass
+
+    def save_seq(self, seq: int) -> bytes:
+        return b""
+
+    def load_seq(self, seq: int, data: bytes) -> bool:
+        return True
+
+
+def _pin_costs(engine: Engine) -> None:
+    engine.costs._decode = dict(CPU_STEPS)
+    engine.costs.draft_token_s = 0.0042  # what a draft adds, on average over 1 to 10 drafts
+    engine.costs.learn = lambda *args, **kwargs: None  # type: ignore[method-assign]
+
+
+def _generate(prompt: list[int], output: list[int]) -> Engine:
+    model = ScriptedModel(prompt + output)
+    engine = Engine(model, 2, 256, draft_tokens=10, speculate_below=3)
+    engine.start().result(timeout=60)
+    _pin_costs(engine)
+    done = threading.Event()
+    got: list[Event] = []
+
+    def emit(ev: Event) -> None:
+        got.append(ev)
+        if ev.finish:
+            done.set()
+
+    try:
+        engine.submit(GenRequest(prompt, len(output), None, emit))
+        assert done.wait(120), "the request did not finish"
+    finally:
+        engine.close()
+    assert got[-1].finish == "length", got[-1]
+    assert sum(ev.tokens for ev in got) == len(output)
+    return engine
+
+
+def test_a_sequence_whose_drafts_failed_drafts_again_once_its_text_copies_the_prompt() -> None:
+    """Eight times the answer quotes two tokens of the passage and turns away (each draft
+    made there fails), then it quotes the rest of the passage, 76 tokens. The failures
+    brought the sequence's acceptance down to where no draft pays; the lookup's unverified
+    guesses, right again from the copy's third token, bring drafting back, so most of the
+    copy arrives as accepted drafts. Without them it never drafts again (0 accepted)."""
+    output: list[int] = []
+    for i in range(8):
+        output += [*PASSAGE[3 * i : 3 * i + 2], 900 + i]
+    output += PASSAGE[24:]
+    engine = _generate([1, 2, *PASSAGE, 3], output)
+    assert engine.stats.accepted_tokens >= 48, (engine.stats.draft_tokens, engine.stats.accepted_tokens)
+
+
+def _sequence(history: list[int]) -> Sequence:
+    req = GenRequest(history, 64, None, lambda ev: None)
+    s = Sequence(req, 0, None, len(history), 0.0)
+    s.n_past = len(history)
+    return s
+
+
+def test_a_draft_copies_the_occurrence_with_the_longest_matching_context() -> None:
+    """ "A B said the lanes reduced" and "C D said the lanes brought": after "... C D said
+    the lanes" the draft is "brought", though "reduced" follows a later occurrence of the
+    three tokens "said the lanes" (the latest 3-token match drafted the wrong word)."""
+    a, b, c, d, said, the, lanes, reduced, brought = range(10, 19)
+    prompt = [c, d, said, the, lanes, brought, 7, a, b, said, the, lanes, reduced, 8]
+    s = _sequence([*prompt, 9, c, d, said, the, lanes])
+    assert s.lookup(2, 512) == [brought, 7]
+    s = _sequence([*prompt, 9, a, b, said, the, lanes])
+    assert s.lookup(2, 512) == [reduced, 8]
+
+
+def test_drafts_are_verified_where_they_pay_not_one_at_a_time() -> None:
+    """A step's cost grows less with each token it verifies (CPU_STEPS). At 80% acceptance
+    one draft costs more than it yields and three or more pay; at 60% none does."""
+    engine = Engine(ScriptedModel([]), 2, 256, draft_tokens=10, speculate_below=3)
+    _pin_costs(engine)
+    assert engine._worth_drafting(0.8, 1.0, 1, 1) == 0
+    assert engine._worth_drafting(0.8, 1.0, 1, 10) >= 3
+    assert engine._worth_drafting(0.6, 1.0, 1, 10) == 0
