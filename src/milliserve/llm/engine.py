@@ -629,9 +629,14 @@ class Engine:
             self._resume(suspended, now)
             return
         m = self.model
+        try:
+            sampler = m.new_sampler(req.sampler)
+        except Exception as exc:  # its request fails, not the engine and every other request
+            log.error("a sampler could not be built: %s", exc)
+            req.emit(Event("", 0, "error", f"the sampler could not be built: {exc}"))
+            return
         slot = self._slot_for(req.prompt)
         reused = self._reuse(slot, req.prompt, now)
-        sampler = m.new_sampler(req.sampler)
         if req.penalties:
             for t in req.prompt:
                 m.accept(sampler, t)

@@ -1,10 +1,11 @@
-"""Prompt-lookup drafting: which earlier occurrence a draft copies, how many tokens a step
-verifies, and that a sequence whose drafts failed drafts again once its text copies.
+"""The engine's steps over a scripted token model: which earlier occurrence a draft
+copies, how many tokens a step verifies, that a sequence whose drafts failed drafts again
+once its text copies, and that a request whose sampler cannot be built fails alone.
 
-The engine runs here over a scripted token model: the token after position q is always
-the script's token q + 1 (what a greedy model that quotes its prompt would give), and a
-step's cost is pinned to what steps of each size measured on 2 vCPU (each token adds less
-than the one before), so that what the engine decides does not depend on this machine's load."""
+The token after position q is always the script's token q + 1 (what a greedy model that
+quotes its prompt would give). A step's cost is pinned to what steps of each size measured
+on 2 vCPU (each token adds less than the one before), so that what the engine decides does
+not depend on this machine's load."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ class ScriptedModel:
         pass
 
     def new_sampler(self, spec: Any) -> Any:
+        if spec == "unbuildable":
+            raise TypeError("this function takes at least 5 arguments (4 given)")
         return object()
 
     def accept(self, sampler: Any, token: int) -> None:
@@ -79,11 +82,7 @@ def _pin_costs(engine: Engine) -> None:
     engine.costs.learn = lambda *args, **kwargs: None  # type: ignore[method-assign]
 
 
-def _generate(prompt: list[int], output: list[int]) -> Engine:
-    model = ScriptedModel(prompt + output)
-    engine = Engine(model, 2, 256, draft_tokens=10, speculate_below=3)
-    engine.start().result(timeout=60)
-    _pin_costs(engine)
+def _request(engine: Engine, prompt: list[int], max_tokens: int, sampler: Any = None) -> list[Event]:
     done = threading.Event()
     got: list[Event] = []
 
@@ -92,14 +91,41 @@ def _generate(prompt: list[int], output: list[int]) -> Engine:
         if ev.finish:
             done.set()
 
+    engine.submit(GenRequest(prompt, max_tokens, sampler, emit))
+    assert done.wait(120), "the request did not finish"
+    return got
+
+
+def _generate(prompt: list[int], output: list[int]) -> Engine:
+    engine = Engine(ScriptedModel(prompt + output), 2, 256, draft_tokens=10, speculate_below=3)
+    engine.start().result(timeout=60)
+    _pin_costs(engine)
     try:
-        engine.submit(GenRequest(prompt, len(output), None, emit))
-        assert done.wait(120), "the request did not finish"
+        got = _request(engine, prompt, len(output))
     finally:
         engine.close()
     assert got[-1].finish == "length", got[-1]
     assert sum(ev.tokens for ev in got) == len(output)
     return engine
+
+
+def test_a_request_whose_sampler_cannot_be_built_fails_alone() -> None:
+    """llama.cpp's penalties sampler was called with one argument too few: the TypeError
+    came up through the engine's step, the engine thread stopped, and every request of
+    the model failed from then on. Now that request gets its error and the engine goes on."""
+    prompt = [1, 2, *PASSAGE[:10]]
+    engine = Engine(ScriptedModel(prompt + PASSAGE[10:]), 2, 256)
+    engine.start().result(timeout=60)
+    try:
+        failed = _request(engine, prompt, 4, sampler="unbuildable")
+        assert [(ev.finish, ev.error) for ev in failed] == [
+            ("error", "the sampler could not be built: this function takes at least 5 arguments (4 given)")
+        ]
+        after = _request(engine, prompt, 4)
+        assert after[-1].finish == "length" and sum(ev.tokens for ev in after) == 4
+        assert engine.running == 0
+    finally:
+        engine.close()
 
 
 def test_a_sequence_whose_drafts_failed_drafts_again_once_its_text_copies_the_prompt() -> None:
