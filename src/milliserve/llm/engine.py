@@ -403,9 +403,11 @@ class Engine:
         guesses: dict[int, int] = {}  # slot -> the draft's first token, where none is verified
         expect, width = float(len(decoding)), len(decoding)  # tokens the step yields; its logits
         for s in decoding:
+            # with no room left, one token is still looked up: the guess to learn from
             want = max(1, min(room, self.draft_tokens))
             guess = s.lookup(want, m.n_ctx_seq) if speculate and s.req.speculate else []
-            drafts = guess[: min(room, self._worth_drafting(s.accept_rate, expect, width, len(guess)))]
+            fit = max(0, min(room, self._worth_drafting(s.accept_rate, expect, width, len(guess))))
+            drafts = guess[:fit]
             if guess and not drafts:
                 guesses[s.slot] = guess[0]
             expect += sum(s.accept_rate**i for i in range(1, len(drafts) + 1))
