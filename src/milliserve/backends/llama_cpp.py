@@ -249,6 +249,11 @@ class SamplerSpec:
     # the JSON schema's grammar state (structured output), or None
     constraint: JsonConstraint | None = None
 
+    @property
+    def penalised(self) -> bool:
+        """A repetition, frequency or presence penalty is asked for."""
+        return self.repetition_penalty != 1.0 or bool(self.frequency_penalty or self.presence_penalty)
+
 
 class _Greedy:
     """Greedy decoding and nothing else: the first highest logit, which is what llama.cpp's
@@ -433,7 +438,7 @@ class LlamaModel:
         sp.no_perf = True
         chain = C.llama_sampler_chain_init(sp)
         add = C.llama_sampler_chain_add
-        if spec.repetition_penalty != 1.0 or spec.frequency_penalty or spec.presence_penalty:
+        if spec.penalised:
             add(
                 chain,
                 C.llama_sampler_init_penalties(
@@ -453,13 +458,7 @@ class LlamaModel:
         return chain
 
     def new_sampler(self, spec: SamplerSpec) -> Any:
-        if (
-            spec.temperature <= 0.0
-            and spec.constraint is None
-            and spec.repetition_penalty == 1.0
-            and not spec.frequency_penalty
-            and not spec.presence_penalty
-        ):
+        if spec.temperature <= 0.0 and spec.constraint is None and not spec.penalised:
             return GREEDY
         chain = self._chain(spec)
         return chain if spec.constraint is None else _Constrained(chain, spec.constraint)

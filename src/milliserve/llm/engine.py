@@ -284,26 +284,6 @@ class Engine:
         self.costs.seed(min(t), four, prompt_s, eight=time.perf_counter() - t0)
         m.seq_remove(slot)
 
-    def _worth_drafting(self, p: float, expect: float, width: int, most: int) -> int:
-        """Drafts worth verifying (up to ``most``) for a sequence whose drafted tokens are
-        accepted with chance ``p`` each, in a step of ``width`` logit tokens so far that is
-        expected to yield ``expect`` tokens: the count d that makes the step yield the most
-        tokens a second, (expect + p + p^2 + ... + p^d) / step(width + d), none where no
-        count beats the step without. A step's cost is learned by its size (llm/costs.py)
-        and it does not grow in a line: on 2 vCPU a one-token step took 8.4 ms, two tokens
-        15.7, four 23.8, eleven 50.3. So one or two drafts cost most per token, and a copy
-        accepted 90% of the time pays from three on, not one at a time."""
-        p = min(max(p, 0.0), 0.99)
-        best, best_rate = 0, expect / max(self.costs.step(width), 1e-6)
-        gain, q = expect, 1.0
-        for d in range(1, most + 1):
-            q *= p
-            gain += q
-            rate = gain / max(self.costs.step(width + d), 1e-6)
-            if rate > best_rate:
-                best, best_rate = d, rate
-        return best
-
     def _draft_room(self, decoding: int) -> int:
         """Draft tokens one step may verify: as many as keep it within 80% of the ITL target
         (``budget.itl_ms``, else DEFAULT_ITL_S), at the learned cost of a token in a batch.
@@ -406,7 +386,7 @@ class Engine:
             # with no room left, one token is still looked up: the guess to learn from
             want = max(1, min(room, self.draft_tokens))
             guess = s.lookup(want, m.n_ctx_seq) if speculate and s.req.speculate else []
-            fit = max(0, min(room, self._worth_drafting(s.accept_rate, expect, width, len(guess))))
+            fit = max(0, min(room, self.costs.drafts_worth(s.accept_rate, expect, width, len(guess))))
             drafts = guess[:fit]
             if guess and not drafts:
                 guesses[s.slot] = guess[0]

@@ -166,6 +166,6 @@ def test_drafts_are_verified_where_they_pay_not_one_at_a_time() -> None:
     one draft costs more than it yields and three or more pay; at 60% none does."""
     engine = Engine(ScriptedModel([]), 2, 256, draft_tokens=10, speculate_below=3)
     _pin_costs(engine)
-    assert engine._worth_drafting(0.8, 1.0, 1, 1) == 0
-    assert engine._worth_drafting(0.8, 1.0, 1, 10) >= 3
-    assert engine._worth_drafting(0.6, 1.0, 1, 10) == 0
+    assert engine.costs.drafts_worth(0.8, 1.0, 1, 1) == 0
+    assert engine.costs.drafts_worth(0.8, 1.0, 1, 10) >= 3
+    assert engine.costs.drafts_worth(0.6, 1.0, 1, 10) == 0
