@@ -16,6 +16,8 @@ what its step took beyond the decode step of the same size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = ["OUTLIER", "StepCosts", "toward"]
 
 # A step the machine slowed (the engine thread descheduled, a burst of other work) moves an
@@ -90,20 +92,19 @@ class StepCosts:
             per = max(0.0, dt - self.step(logits)) / prompt_tokens
             self.prefill_token_s = toward(self.prefill_token_s, per)
 
-    def drafts_worth(self, p: float, expect: float, width: int, most: int) -> int:
-        """Drafts worth verifying (up to ``most``) for a sequence whose drafted tokens are
-        accepted with chance ``p`` each, in a step of ``width`` logit tokens so far that is
-        expected to yield ``expect`` tokens: the count d that makes the step yield the most
-        tokens a second, (expect + p + p^2 + ... + p^d) / step(width + d), none where no
-        count beats the step without. A step's cost does not grow in a line: on 2 vCPU a
-        one-token step took 8.4 ms, two tokens 15.7, four 23.8, eleven 50.3. So one or two
-        drafts cost most per token, and a copy accepted 90% of the time pays from three on,
-        not one at a time."""
-        p = min(max(p, 0.0), 0.99)
+    def drafts_worth(self, chances: Sequence[float], expect: float, width: int) -> int:
+        """Drafts worth verifying (up to ``len(chances)``) for a sequence whose i-th drafted
+        token is accepted with chance ``chances[i]`` if the ones before it are, in a step of
+        ``width`` logit tokens so far that is expected to yield ``expect`` tokens: the count
+        d that makes the step yield the most tokens a second, (expect + c0 + c0 c1 + ... +
+        c0 ... c(d-1)) / step(width + d), none where no count beats the step without. A
+        step's cost does not grow in a line: on 2 vCPU a one-token step took 8.4 ms, two
+        tokens 15.7, four 23.8, eleven 50.3. So one or two drafts cost most per token, and a
+        copy accepted 90% of the time pays from three on, not one at a time."""
         best, best_rate = 0, expect / max(self.step(width), 1e-6)
         gain, q = expect, 1.0
-        for d in range(1, most + 1):
-            q *= p
+        for d, c in enumerate(chances, 1):
+            q *= min(max(c, 0.0), 0.99)
             gain += q
             rate = gain / max(self.step(width + d), 1e-6)
             if rate > best_rate:

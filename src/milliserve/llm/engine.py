@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from milliserve.llm.admission import Preemption, WaitingRoom, ahead_of
 from milliserve.llm.costs import StepCosts
 from milliserve.llm.prefix import HostCache, PrefixCache, common_prefix
-from milliserve.llm.sequence import Event, GenRequest, Sequence, held_back
+from milliserve.llm.sequence import Acceptance, Event, GenRequest, Sequence, held_back
 from milliserve.llm.threads import ThreadChoice
 from milliserve.runtime.stats import GenerationStats
 
@@ -139,8 +139,9 @@ class Engine:
         self._urgent: int | None = None
         self._wake = threading.Event()
         self._stop = False
-        # what steps cost (llm/costs.py), seeded by warmup()
+        # what steps cost (llm/costs.py), seeded by warmup(); how often drafts are accepted
         self.costs = StepCosts()
+        self.acceptance = Acceptance()
         self.mean_output = 128.0  # tokens a finished request generated, on average (EWMA)
         # threads of a one-token step and of a bigger one: the config's counts, or one thread
         # where that has measured faster lately (a machine busy with other work)
@@ -381,18 +382,23 @@ class Engine:
         feed: dict[int, list[int]] = {}  # slot -> tokens this step (decoding: last + drafts)
         drafts_of: dict[int, list[int]] = {}
         guesses: dict[int, int] = {}  # slot -> the draft's first token, where none is verified
+        matched: dict[int, int] = {}  # slot -> context tokens its lookup matched
         expect, width = float(len(decoding)), len(decoding)  # tokens the step yields; its logits
         for s in decoding:
-            # with no room left, one token is still looked up: the guess to learn from
-            want = max(1, min(room, self.draft_tokens))
-            guess = s.lookup(want, m.n_ctx_seq) if speculate and s.req.speculate else []
-            fit = max(0, min(room, self.costs.drafts_worth(s.accept_rate, expect, width, len(guess))))
-            drafts = guess[:fit]
-            if guess and not drafts:
-                guesses[s.slot] = guess[0]
-            expect += sum(s.accept_rate**i for i in range(1, len(drafts) + 1))
-            width += len(drafts)
-            room -= len(drafts)
+            drafts = []
+            if speculate and s.req.speculate:
+                # with no room left, one token is still looked up: the guess to learn from
+                guess, matched[s.slot] = s.lookup(max(1, min(room, self.draft_tokens)), m.n_ctx_seq)
+                chances = self.acceptance.chances(matched[s.slot], min(room, len(guess)))
+                drafts = guess[: self.costs.drafts_worth(chances, expect, width)]
+                if guess and not drafts:
+                    guesses[s.slot] = guess[0]
+                q = 1.0
+                for c in chances[: len(drafts)]:
+                    q *= c
+                    expect += q
+                width += len(drafts)
+                room -= len(drafts)
             drafts_of[s.slot] = drafts
             feed[s.slot] = [s.last, *drafts]
         budget = self._prefill_budget(sum(len(f) for f in feed.values()))
@@ -475,11 +481,11 @@ class Engine:
                 s.accepted += len(out) - 1
                 self.stats.draft_tokens += len(drafts)
                 self.stats.accepted_tokens += len(out) - 1
-                s.learn(len(drafts), len(out) - 1)
+                self.acceptance.learn(matched[s.slot], len(drafts), len(out) - 1)
                 if len(out) - 1 < len(drafts):
                     m.seq_remove(s.slot, s.n_past, -1)  # the rejected drafts' KV
             elif s.slot in guesses:  # what a draft would have done, learned for free
-                s.learn(1, int(out[0] == guesses[s.slot]))
+                self.acceptance.learn(matched[s.slot], 1, int(out[0] == guesses[s.slot]))
             self._emit_tokens(s, out, t1)
 
     def _slot_for(self, prompt: list[int]) -> int:

@@ -1,6 +1,7 @@
 """One generation request, and the state of a request that holds a sequence slot: its
 tokens (with an index for prompt-lookup drafting), its text held back for stop strings,
-and its drafting statistics."""
+and its drafting statistics; and what the engine has learned of how often a drafted token
+is accepted."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Event", "GenRequest", "Sequence", "held_back"]
+__all__ = ["Acceptance", "Event", "GenRequest", "Sequence", "held_back"]
 
 # prompt lookup: the most earlier occurrences of a token weighed per draft (the latest), and
 # the most tokens of context compared at each (a few microseconds a sequence a step)
@@ -54,7 +55,6 @@ class Sequence:
     """A request that holds a sequence slot."""
 
     __slots__ = (
-        "accept_rate",
         "accepted",
         "admitted",
         "cached",
@@ -98,7 +98,6 @@ class Sequence:
         self.last_at = 0.0
         self.drafted = 0
         self.accepted = 0
-        self.accept_rate = 1.0  # the chance that a drafted token is accepted (EWMA; learn)
         self.ran_from = 0  # tokens generated when it was admitted or last resumed
         self.saved = b""  # its KV while it is suspended (preemption)
 
@@ -111,21 +110,22 @@ class Sequence:
         self.index.setdefault(token, []).append(len(self.history))
         self.history.append(token)
 
-    def lookup(self, want: int, n_ctx: int) -> list[int]:
+    def lookup(self, want: int, n_ctx: int) -> tuple[list[int], int]:
         """Up to ``want`` tokens that followed the earlier occurrence of the sequence's last
         token whose context matches the most tokens before it (at least 2; up to
-        MATCH_TOKENS; the latest among equals). A text that quotes the same words twice
-        ("... said the bicycle lanes reduced ..." and "... said the bicycle lanes
-        brought ...") is told apart by the words before them, where the latest 3-token
-        match would draft the wrong continuation."""
+        MATCH_TOKENS; the latest among equals), and how many matched (the last token
+        included). A text that quotes the same words twice ("... said the bicycle lanes
+        reduced ..." and "... said the bicycle lanes brought ...") is told apart by the
+        words before them, where the latest 3-token match would draft the wrong
+        continuation."""
         h = self.history
         n_hist = len(h)
         room = min(want, self.req.max_tokens - self.generated - 1, n_ctx - self.n_past - 2)
         if room <= 0 or n_hist < 3:
-            return []
+            return [], 0
         cands = self.index.get(h[-1])
         if not cands or len(cands) < 2:
-            return []
+            return [], 0
         best, best_at = 1, -1
         end = n_hist - 1
         for p in reversed(cands[-1 - MATCH_CANDIDATES : -1]):  # the last one is the current position
@@ -136,15 +136,49 @@ class Sequence:
                 best, best_at = n, p
                 if n == MATCH_TOKENS:
                     break
-        return h[best_at + 1 : best_at + 1 + room] if best >= 2 else []
+        return (h[best_at + 1 : best_at + 1 + room], best) if best >= 2 else ([], 0)
 
-    def learn(self, drafted: int, accepted: int) -> None:
-        """What a step's verification (or, with ``drafted`` 1, the lookup's unverified guess:
-        a sequence that drafts nothing still learns, and notices when its text turns to
-        copying) says of the chance that the next drafted token is accepted: the tokens
-        checked are those accepted and the first one rejected."""
-        checked = accepted + (accepted < drafted)
-        self.accept_rate = 0.7 * self.accept_rate + 0.3 * (accepted / checked)
+
+class Acceptance:
+    """The chance that a drafted token is accepted, by how many tokens of context its
+    lookup matched, learned from every sequence of the engine.
+
+    Drafts whose lookup matched the last 2 tokens were accepted 45-64% of the time in chats
+    and grounded answers here, those whose lookup matched 12 tokens 93-97% of the time; the
+    i-th token of a draft has matched i more once the ones before it are accepted. One
+    acceptance rate per sequence could not tell these apart. A new sequence's rate started
+    at 1, and its first short match drafted ten tokens; in a JSON list of a text's names and
+    ages, lookups that came right for two or three tokens (the keys) raised the rate until
+    drafts were made where the values differ, and speculation made that answer 10% slower
+    than none. Chances are kept per match length as decayed counts (about the last 50
+    checks weigh), starting from L/(L+1) as if two checks had been made."""
+
+    DECAY = 0.98
+
+    def __init__(self) -> None:
+        # by match length (index; the last one stands for MATCH_TOKENS and more):
+        # [accepted, checked], decayed
+        self._odds = [[2 * n / (n + 1), 2.0] for n in range(MATCH_TOKENS + 1)]
+
+    def chances(self, match: int, n: int) -> list[float]:
+        """The chance of each of ``n`` drafted tokens, after a lookup that matched ``match``
+        tokens, given that the ones before it are accepted."""
+        odds = self._odds
+        return [a / t for a, t in (odds[min(match + i, MATCH_TOKENS)] for i in range(n))]
+
+    def learn(self, match: int, drafted: int, accepted: int) -> None:
+        """A verification of ``drafted`` tokens (or, with 1, the lookup's unverified guess:
+        a sequence that drafts nothing still teaches it) after a lookup that matched
+        ``match``: the tokens checked are those accepted and the first one rejected."""
+        k = self.DECAY
+        for i in range(min(drafted, accepted + 1)):
+            row = self._odds[min(match + i, MATCH_TOKENS)]
+            row[0] = row[0] * k + (i < accepted)
+            row[1] = row[1] * k + 1.0
+
+    def table(self) -> dict[int, float]:
+        """The chance by match length (2 to MATCH_TOKENS), for metrics and tests."""
+        return {n: a / t for n, (a, t) in enumerate(self._odds) if n >= 2}
 
 
 def held_back(pending: str, stops: tuple[str, ...]) -> int:
