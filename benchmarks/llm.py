@@ -95,6 +95,7 @@ class Level:
     decode: list[float] = field(default_factory=list)  # per request: tokens/s after the first
     wall: float = 0.0
     errors: int = 0
+    retried: int = 0  # requests sent again after the server dropped their connection
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -113,69 +114,99 @@ async def run_level(
     duration: float | None = None,
     warmup: float = 3.0,
     streams: int = 0,
+    min_requests: int = 0,
 ) -> Level:
     """One level. Without ``duration``: every conversation of ``messages`` at once, once.
     With it: a closed loop of ``len(messages)`` streams, each sending its next conversation
     (cycling through ``messages``) as soon as the last one ended; tokens are counted as they
     arrive within ``[warmup, warmup + duration]`` and latencies for requests started in it,
-    so that streams ending early do not leave the tail to run with fewer neighbours."""
+    so that streams ending early do not leave the tail to run with fewer neighbours. The
+    window grows by a quarter of ``duration`` at a time until ``min_requests`` requests
+    started in it (one stream of 128-token chats makes about 15 in 20 s here).
+
+    A request whose connection the server dropped before any response is sent once more
+    at once, its time counted from the first try (``retried``): llama-server closes a kept-
+    alive connection now and then as the client reuses it, which the openai SDK's default
+    retries hide from its users, and with them off it had counted as an error."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600)
     out = Level()
     start = time.perf_counter()
     lo, hi = (start, math.inf) if duration is None else (start + warmup, start + warmup + duration)
+    done: list[tuple[float, list[float], int, float]] = []  # (start, arrivals, tokens, end)
+    failed: list[float] = []  # starts of the requests that failed
 
     async def one(msgs: list[dict[str, str]]) -> None:
         t0 = time.perf_counter()
         arrivals: list[float] = []
         usage = None
-        try:
-            stream = await client.chat.completions.create(
-                model=model,
-                messages=msgs,  # type: ignore[arg-type]
-                max_tokens=max_tokens,
-                temperature=0,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_body=extra or None,
-            )
-            async for chunk in stream:
-                if chunk.usage is not None:
-                    usage = chunk.usage
-                if chunk.choices and chunk.choices[0].delta.content:
-                    arrivals.append(time.perf_counter())
-        except Exception as exc:
-            print(f"  error: {exc!r}", file=sys.stderr)
-            if lo <= t0 < hi:
-                out.errors += 1
-            return
+        for attempt in (0, 1):
+            try:
+                stream = await client.chat.completions.create(
+                    model=model,
+                    messages=msgs,  # type: ignore[arg-type]
+                    max_tokens=max_tokens,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body=extra or None,
+                )
+                async for chunk in stream:
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        arrivals.append(time.perf_counter())
+                break
+            except openai.APIConnectionError as exc:
+                if attempt == 0 and not arrivals and not isinstance(exc, openai.APITimeoutError):
+                    out.retried += 1
+                    continue
+                print(f"  error: {exc!r}", file=sys.stderr)
+                failed.append(t0)
+                return
+            except Exception as exc:
+                print(f"  error: {exc!r}", file=sys.stderr)
+                failed.append(t0)
+                return
         # a chunk may carry several tokens (accepted drafts): each gets its share
         tokens = usage.completion_tokens if usage is not None else len(arrivals)
-        weight = tokens / len(arrivals) if arrivals else 0.0
-        out.counted += sum(weight for a in arrivals if lo <= a <= hi)
-        if lo <= t0 < hi and arrivals:
-            out.ttft.append(arrivals[0] - t0)
-            out.itl.extend(b - a for a, b in itertools.pairwise(arrivals))
-            out.e2e.append(time.perf_counter() - t0)
-            out.tokens += tokens
-            if tokens > 1 and arrivals[-1] > arrivals[0]:
-                out.decode.append((tokens - 1) / (arrivals[-1] - arrivals[0]))
+        done.append((t0, arrivals, tokens, time.perf_counter()))
+
+    def started_in_window() -> int:
+        return sum(1 for t0, *_ in done if lo <= t0 < hi)
 
     async def stream_loop(i: int) -> None:
+        nonlocal hi
         k = 0
-        while time.perf_counter() < hi:
+        while True:
+            if time.perf_counter() >= hi:
+                if started_in_window() >= min_requests or duration is None:
+                    break
+                hi += duration / 4
             await one(messages[(i + k) % len(messages)])
             k += 1
 
     if duration is None:
         await asyncio.gather(*(one(m) for m in messages))
-        out.wall = time.perf_counter() - start
-        out.counted = out.tokens
+        hi = time.perf_counter()
     else:
         await asyncio.gather(*(stream_loop(i) for i in range(streams or len(messages))))
-        out.wall = duration
     await client.close()
+    for t0, arrivals, tokens, end in done:
+        weight = tokens / len(arrivals) if arrivals else 0.0
+        out.counted += sum(weight for a in arrivals if lo <= a <= hi)
+        if lo <= t0 < hi and arrivals:
+            out.ttft.append(arrivals[0] - t0)
+            out.itl.extend(b - a for a, b in itertools.pairwise(arrivals))
+            out.e2e.append(end - t0)
+            out.tokens += tokens
+            if tokens > 1 and arrivals[-1] > arrivals[0]:
+                out.decode.append((tokens - 1) / (arrivals[-1] - arrivals[0]))
+    out.errors = sum(1 for t0 in failed if lo <= t0 < hi)
+    out.wall = hi - lo
+    if duration is None:
+        out.counted = out.tokens
     return out
 
 
@@ -201,6 +232,7 @@ def summary(levels: list[Level]) -> dict[str, float]:
         "requests": float(sum(len(lv.e2e) for lv in levels)),
         "decode_p50": _pct([x for lv in levels for x in lv.decode], 50),
         "errors": float(sum(lv.errors for lv in levels)),
+        "retried": float(sum(lv.retried for lv in levels)),
     }
 
 
@@ -270,13 +302,17 @@ def fmt(s: dict[str, float]) -> str:
     return (
         f"{s['ttft_p50']:.0f} | {s['ttft_p99']:.0f} | {s['itl_p50']:.1f} | {s['itl_p99']:.1f} | "
         f"{s['e2e_p50']:.2f} | {s['tok_s']:.1f} ({s['tok_s_min']:.0f}–{s['tok_s_max']:.0f}) | "
-        f"{s['requests']:.0f}/{s['errors']:.0f}"
+        f"{s['requests']:.0f}/{s['errors']:.0f}/{s['retried']:.0f}"
     )
 
 
+# requests that a row's percentiles rest on, at least (a closed loop's window grows to it)
+MIN_REQUESTS = 200
+
 HEAD = (
     "| server | streams | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | e2e p50 s | "
-    "output tok/s, median (min–max) of rounds | requests/errors |\n|---|---|---|---|---|---|---|---|---|"
+    "output tok/s, median (min–max) of rounds | requests/errors/resent |\n"
+    "|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -287,19 +323,39 @@ async def closed_loops(
     max_tokens: int,
     duration: float,
     prompts: Any = None,
+    raw: dict[tuple[str, int], list[Level]] | None = None,
 ) -> dict[tuple[str, int], dict[str, float]]:
     """Every (server, level) once per round; the servers' order rotates each round.
-    ``servers``: (row name, url, extra request fields). ``prompts(r)``: the round's chats."""
+    ``servers``: (row name, url, extra request fields). ``prompts(r)``: the round's chats.
+    A level runs at least ``duration`` and until it has its share of MIN_REQUESTS."""
     got: dict[tuple[str, int], list[Level]] = {}
+    per_round = -(-MIN_REQUESTS // rounds)
     for r in range(rounds):
         for n in levels:
             order = servers[r % len(servers) :] + servers[: r % len(servers)]
             for name, url, extra in order:
                 msgs = prompts(r) if prompts is not None else chats(len(CHATS), r)
-                lv = await run_level(url, "smollm2", msgs, max_tokens, extra, duration, streams=n)
+                lv = await run_level(
+                    url, "smollm2", msgs, max_tokens, extra, duration, streams=n, min_requests=per_round
+                )
                 got.setdefault((name, n), []).append(lv)
                 print(f"round {r} {name:34s} {n} streams: {lv.counted / lv.wall:.1f} tok/s", flush=True)
+    if raw is not None:
+        raw.update(got)
     return {k: summary(v) for k, v in got.items()}
+
+
+def paired(a: list[Level], b: list[Level]) -> str:
+    """The ratio of two rows' tokens/s, round by round (the rounds ran side by side): its
+    mean with a 95% t-interval over the rounds, and its range."""
+    from scipy import stats
+
+    r = [x.counted / x.wall / (y.counted / y.wall) for x, y in zip(a, b, strict=True)]
+    m = statistics.fmean(r)
+    half = math.nan
+    if len(r) > 1:
+        half = stats.t.ppf(0.975, len(r) - 1) * statistics.stdev(r) / math.sqrt(len(r))
+    return f"{m:.2f}× (95% CI {m - half:.2f}–{m + half:.2f}; rounds {min(r):.2f}–{max(r):.2f})"
 
 
 async def prefix_part(targets: list[tuple[str, str]], rounds: int) -> dict[str, dict[str, float]]:
@@ -316,6 +372,17 @@ async def prefix_part(targets: list[tuple[str, str]], rounds: int) -> dict[str, 
             got.setdefault(name, []).append(await run_level(url, "smollm2", msgs, 16, {}))
             print(f"round {r} {name}: TTFT p99 {max(got[name][-1].ttft) * 1e3:.0f} ms", flush=True)
     return {k: summary(v) for k, v in got.items()}
+
+
+def measured(duration: float, rounds: int) -> str:
+    return (
+        f"a level is measured for {duration:g} s after 3 s of warm-up, and longer where its round "
+        f"has not yet had {-(-MIN_REQUESTS // rounds)} requests started (so that a row rests on "
+        f"{MIN_REQUESTS} or more); tokens/s counts tokens arriving in that window, latencies the "
+        "requests started in it. ITL is the gap between content chunks. Resent: requests sent once "
+        "more, their time counted from the first try, because the server closed their kept-alive "
+        "connection before answering (the openai SDK's default retries would resend them)."
+    )
 
 
 ON = "milliserve, speculation on"
@@ -440,10 +507,9 @@ def main() -> None:
             'Speculation off on every server (milliserve per request, `"speculative": false`; the '
             "prompts are open chats). SmolLM2-135M-Instruct Q4_1, "
             f"greedy, at most {args.max_tokens} tokens, {args.rounds} rounds, the servers' order rotating; "
-            "each level is a closed loop of N streams (each sends its next chat as its last one ends) "
-            f"measured for {args.duration:g} s after 3 s of warm-up; tokens/s counts tokens arriving "
-            "in that window, latencies the requests started in it. ITL is the gap between content "
-            f"chunks.\n\n{HEAD}\n"
+            "each level is a closed loop of N streams (each sends its next chat as its last one ends); "
+            + measured(args.duration, args.rounds)
+            + f"\n\n{HEAD}\n"
             + "\n".join(rows)
             + "\n\nmilliserve / llama-server: "
             + "; ".join(ratios)
@@ -464,8 +530,9 @@ def main() -> None:
                     ("milliserve, speculation off", url, {"speculative": False}),
                     ("llama-server, speculation off", ls_plain.url, {}),
                 ]
+                raw: dict[tuple[str, int], list[Level]] = {}
                 res2 = asyncio.run(
-                    closed_loops(servers, [1, 8], args.rounds, args.max_tokens, args.duration, grounded)
+                    closed_loops(servers, [1, 8], args.rounds, args.max_tokens, args.duration, grounded, raw)
                 )
                 acc = _acceptance(url)
         finally:
@@ -475,8 +542,10 @@ def main() -> None:
         t = {k: v["tok_s"] for k, v in res2.items()}
         lines = [
             f"{n} stream{'s' if n > 1 else ''}: milliserve with speculation / llama-server with its "
-            f"speculation {t[(ON, n)] / t[('llama-server, speculation on', n)]:.2f}×, "
-            f"milliserve with / without {t[(ON, n)] / t[('milliserve, speculation off', n)]:.2f}×"
+            f"speculation {t[(ON, n)] / t[('llama-server, speculation on', n)]:.2f}× of the medians, "
+            f"{paired(raw[(ON, n)], raw[('llama-server, speculation on', n)])} round by round; "
+            f"milliserve with / without {t[(ON, n)] / t[('milliserve, speculation off', n)]:.2f}×, "
+            f"{paired(raw[(ON, n)], raw[('milliserve, speculation off', n)])}"
             for n in (1, 8)
         ]
         write_section(
@@ -487,8 +556,9 @@ def main() -> None:
             f"llama-server with speculation: {_flags(ls_spec)}, the fastest at 1 stream of (mean of 2 "
             f"passes, order reversed) {tried} tok/s; without: `-t 2 -np 8`. Closed loops of 1 and 8 "
             "streams cycling through the four "
-            f"prompts, {args.rounds} rounds, the order rotating, measured as above.\n\n"
-            f"{HEAD}\n"
+            f"prompts, {args.rounds} rounds, the order rotating; "
+            + measured(args.duration, args.rounds)
+            + f"\n\n{HEAD}\n"
             + "\n".join(rows)
             + "\n\n"
             + "; ".join(lines)
