@@ -7,7 +7,7 @@ llama.cpp tree the installed llama-cpp-python vendors (``benchmarks/peers/llama_
 
     python benchmarks/llm.py [--rounds 5] [--max-tokens 128] [--levels 1,8]
 
-Four parts, each written into its own section of docs/benchmarks.md:
+Its parts, each written into its own section of docs/benchmarks.md:
 
 - ``llm-peers``: 1 and 8 concurrent streaming chats, closed loops, rounds interleaved
   (the servers' order rotates): TTFT, ITL, end-to-end p50/p99, aggregate output
@@ -15,6 +15,8 @@ Four parts, each written into its own section of docs/benchmarks.md:
 - ``llm-speculation``: grounded prompts (summarise/extract/rewrite a quoted text) at 1 and
   8 streams: milliserve with prompt-lookup speculation on and off, llama-server with its
   best n-gram ``--spec-type`` (swept) and without.
+- ``llm-speculation-fresh``: the same tasks at 1 stream over texts new to every server, so
+  that no answer repeats.
 - ``llm-prefix-cache``: TTFT of 8 chats sharing a long system prompt: milliserve with and
   without its prefix cache, llama-server with its prompt cache.
 - ``llm-open-loop``: Poisson arrivals at 50/70/90% of llama-server's capacity, goodput
@@ -38,6 +40,7 @@ import itertools
 import math
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -393,6 +396,49 @@ def grounded(r: int) -> list[list[dict[str, str]]]:
     return [[{"role": "user", "content": GROUNDED[(r + i) % len(GROUNDED)]}] for i in range(4)]
 
 
+_BODIES = ["city council", "school board", "county commission", "town assembly", "transit authority"]
+_STREETS = ["Main Street", "Oak Avenue", "Harbor Road", "Mill Lane", "Cedar Drive", "King Street", "Elm Way"]
+_MEMBERS = ["Rivera", "Okafor", "Lindqvist", "Tanaka", "Moreau", "Kowalski", "Haddad", "Brennan", "Novak"]
+_THINGS = [
+    ("bicycle lanes", "bike paths"),
+    ("bus shelters", "bus stops"),
+    ("street lights", "lamp posts"),
+    ("speed bumps", "road humps"),
+    ("parking meters", "pay stations"),
+    ("tree planters", "garden boxes"),
+]
+_DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"]
+
+
+def fresh_grounded(r: int, n: int = 400) -> list[list[dict[str, str]]]:
+    """``n`` grounded prompts whose texts are new: the four tasks of GROUNDED over texts of
+    the same shape with their bodies, streets, names, things and figures drawn (seeded by
+    the round and the prompt's place, so every server of a round gets the same ones)."""
+    out = []
+    for i in range(n):
+        g = random.Random(r * 100_003 + i)
+        body, day, member = g.choice(_BODIES), g.choice(_DAYS), g.choice(_MEMBERS)
+        here, there = g.sample(_STREETS, 2)
+        thing, other = g.choice(_THINGS)
+        text = (
+            f"The {body} met on {day} to discuss the new {thing} on {here}. "
+            f"{body.split()[-1].capitalize()} member {member} said the {thing} reduced traffic "
+            f"accidents by {g.choice(['ten', 'twelve', 'fifteen', 'twenty', 'thirty'])} percent. "
+            f"The {thing} cost {g.choice(['two', 'three', 'four', 'six', 'eight'])} hundred thousand "
+            f"dollars and took {g.choice(['three', 'four', 'five', 'six', 'nine'])} months to build. "
+            f"Shop owners on {here} said the {thing} brought more customers to their shops. "
+            f"The {body} voted to build new {thing} on {there} next year."
+        )
+        task = [
+            "Summarize this text in two sentences, reusing its words.",
+            f"Repeat the sentences of this text that mention {thing}.",
+            "Extract every number from this text with the sentence it appears in.",
+            f"Rewrite this text, replacing '{thing}' with '{other}'.",
+        ][(r + i) % 4]
+        out.append([{"role": "user", "content": f"{task}\n\n{text}"}])
+    return out
+
+
 def sweep(
     gguf: Path,
     options: list[tuple[int, int, tuple[str, ...]]],
@@ -436,7 +482,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--levels", default="1,8")
-    ap.add_argument("--parts", default="peers,speculation,prefix,openloop")
+    ap.add_argument("--parts", default="peers,speculation,speculation-fresh,prefix,openloop")
     ap.add_argument("--open-seconds", type=float, default=15.0, help="open loop: seconds per level, at least")
     ap.add_argument(
         "--open-arrivals",
@@ -564,6 +610,8 @@ def main() -> None:
             + "; ".join(lines)
             + f". milliserve's drafted tokens accepted: {acc}.\n",
         )
+    if "speculation-fresh" in parts:
+        fresh_part(gguf, repo, args, where)
     if "openloop" in parts:
         slo = (500.0, 60.0)
         budgeted = write_repo(
@@ -601,6 +649,64 @@ def main() -> None:
             "tokens each). milliserve's cache off: no prefix slots, no kept or saved KV. "
             f"{args.rounds} rounds, the order rotating.\n\n" + f"{HEAD}\n" + "\n".join(rows) + "\n",
         )
+
+
+def fresh_part(gguf: Path, repo: Path, args: argparse.Namespace, where: str) -> None:
+    """Grounded prompts over texts new to every server (``fresh_grounded``) at one stream:
+    in ``llm-speculation`` the same four prompts come back, and llama-server's ngram-cache
+    keeps a slot's n-grams from one request to the next (its ``begin`` is a no-op), so its
+    drafts there also copy its earlier answers to the same prompt. Here no answer repeats.
+    milliserve runs as two servers (speculation on, off), so that neither finds a text in
+    its prefix cache that the other row's requests put there."""
+    spec_opts: list[tuple[int, int, tuple[str, ...]]] = [
+        (2, 8, ("--spec-type", t)) for t in ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
+    ]
+    secs = max(args.sweep_seconds, 20.0)  # a fresh text's prompt costs about 0.4 s here
+    ls_spec, tried = sweep(gguf, spec_opts, 1, fresh_grounded, secs)
+    ls_plain = LlamaServer(gguf, free_port(), 2, 8, 2048)
+    try:
+        with ServerProcess(repo) as on, ServerProcess(repo) as off:
+            servers = [
+                (ON, f"http://{on.http_url}", {"speculative": True}),
+                ("llama-server, speculation on", ls_spec.url, {}),
+                ("milliserve, speculation off", f"http://{off.http_url}", {"speculative": False}),
+                ("llama-server, speculation off", ls_plain.url, {}),
+            ]
+            raw: dict[tuple[str, int], list[Level]] = {}
+            res = asyncio.run(
+                closed_loops(servers, [1], args.rounds, args.max_tokens, args.duration, fresh_grounded, raw)
+            )
+            acc = _acceptance(f"http://{on.http_url}")
+    finally:
+        ls_spec.stop()
+        ls_plain.stop()
+    rows = [f"| {name} | 1 | {fmt(res[(name, 1)])} |" for name, _, _ in servers]
+    t = {k: v["tok_s"] for k, v in res.items()}
+    ls_on, ls_off = ("llama-server, speculation on", 1), ("llama-server, speculation off", 1)
+    write_section(
+        "llm-speculation-fresh",
+        "## Speculation on grounded prompts over new texts: milliserve vs llama-server "
+        "(benchmarks/llm.py)\n\n"
+        f"{where}. The four tasks of `llm-speculation` over 90-word texts of the same shape whose "
+        "bodies, streets, names, things and figures are drawn anew for every request (every server "
+        "of a round gets the same texts, each new to it): no answer repeats, where above the same "
+        "four prompts come back and llama-server's ngram-cache, which keeps a slot's n-grams from "
+        "one request to the next, drafts from its own earlier answers too. milliserve: two "
+        'servers, prompt-lookup speculation on and off per request (`"speculative"`); '
+        f"llama-server with speculation: {_flags(ls_spec)}, the fastest at 1 stream on these "
+        f"prompts of (mean of 2 passes, order reversed) {tried} tok/s; without: `-t 2 -np 8`. "
+        f"One stream, {args.rounds} rounds, the order rotating; "
+        + measured(args.duration, args.rounds)
+        + " Every request prefills its new text, so tokens/s counts that time too."
+        + f"\n\n{HEAD}\n"
+        + "\n".join(rows)
+        + "\n\nmilliserve with speculation / llama-server with its speculation "
+        f"{t[(ON, 1)] / t[ls_on]:.2f}× of the medians, {paired(raw[(ON, 1)], raw[ls_on])} round by "
+        f"round; / llama-server without {t[(ON, 1)] / t[ls_off]:.2f}×; milliserve with / without "
+        f"{t[(ON, 1)] / t[('milliserve, speculation off', 1)]:.2f}×, "
+        f"{paired(raw[(ON, 1)], raw[('milliserve, speculation off', 1)])}; llama-server with / "
+        f"without {t[ls_on] / t[ls_off]:.2f}×. milliserve's drafted tokens accepted: {acc}.\n",
+    )
 
 
 def open_loop_part(
