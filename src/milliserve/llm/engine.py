@@ -148,6 +148,7 @@ class Engine:
         single, batch = model.threads
         self.threads_one = ThreadChoice(1, single)
         self.threads = ThreadChoice(1, batch)
+        self.threads.fallback = self.threads_one
         self.stats.running = lambda: len(self._running)
         self.stats.waiting = lambda: len(self._waiting) + len(self._incoming)
         self.stats.suspended = lambda: len(self._suspended)

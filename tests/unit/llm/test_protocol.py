@@ -135,3 +135,31 @@ def test_thread_choice_explores_rarely_on_a_steady_machine_and_soon_when_it_gets
     busy = run(40)
     assert 1 in busy[:20]  # the slower count in use makes it look again soon
     assert tc.chosen(8) == 1  # and one thread, now faster, is chosen
+
+
+def test_prompt_chunks_are_not_tried_on_the_slower_count() -> None:
+    """A trial of one thread on a prompt chunk is one request's first token at about half
+    speed, and every new size of prompt was tried 3 times: prompt chunks follow what the
+    smaller steps (or one-token steps) measured instead."""
+    from milliserve.llm.threads import ThreadChoice
+
+    one = ThreadChoice(1, 2)
+    tc = ThreadChoice(1, 2)
+    tc.fallback = one
+    # prompts of many lengths on an idle machine, where two threads are faster
+    picks = []
+    for n in range(40, 1000, 7):
+        t = tc.pick(n)
+        tc.record(n, t, 0.003 * (2 if t == 1 else 1))
+        picks.append(t)
+    assert picks.count(1) == 0
+    # one-token steps measured one thread faster (a busy machine): prompts follow them
+    for _ in range(3):
+        one.record(1, 2, 0.030)
+        one.record(1, 1, 0.012)
+    assert tc.pick(300) == 1
+    # steps of 8 drafted tokens measured both ways: prompts follow those, the nearest in size
+    for _ in range(3):
+        tc.record(8, 2, 0.004)
+        tc.record(8, 1, 0.008)
+    assert tc.pick(300) == 2
