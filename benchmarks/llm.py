@@ -98,7 +98,7 @@ class Level:
     decode: list[float] = field(default_factory=list)  # per request: tokens/s after the first
     wall: float = 0.0
     errors: int = 0
-    retried: int = 0  # requests sent again after the server dropped their connection
+    retried: int = 0  # of the requests measured, those sent again (their connection dropped)
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -139,6 +139,7 @@ async def run_level(
     lo, hi = (start, math.inf) if duration is None else (start + warmup, start + warmup + duration)
     done: list[tuple[float, list[float], int, float]] = []  # (start, arrivals, tokens, end)
     failed: list[float] = []  # starts of the requests that failed
+    resent: list[float] = []  # starts of the requests sent once more
 
     async def one(msgs: list[dict[str, str]]) -> None:
         t0 = time.perf_counter()
@@ -163,7 +164,7 @@ async def run_level(
                 break
             except openai.APIConnectionError as exc:
                 if attempt == 0 and not arrivals and not isinstance(exc, openai.APITimeoutError):
-                    out.retried += 1
+                    resent.append(t0)
                     continue
                 print(f"  error: {exc!r}", file=sys.stderr)
                 failed.append(t0)
@@ -207,6 +208,7 @@ async def run_level(
             if tokens > 1 and arrivals[-1] > arrivals[0]:
                 out.decode.append((tokens - 1) / (arrivals[-1] - arrivals[0]))
     out.errors = sum(1 for t0 in failed if lo <= t0 < hi)
+    out.retried = sum(1 for t0 in resent if lo <= t0 < hi)
     out.wall = hi - lo
     if duration is None:
         out.counted = out.tokens

@@ -176,10 +176,6 @@ class Acceptance:
             row[0] = row[0] * k + (i < accepted)
             row[1] = row[1] * k + 1.0
 
-    def table(self) -> dict[int, float]:
-        """The chance by match length (2 to MATCH_TOKENS), for metrics and tests."""
-        return {n: a / t for n, (a, t) in enumerate(self._odds) if n >= 2}
-
 
 def held_back(pending: str, stops: tuple[str, ...]) -> int:
     """Length of the longest end of ``pending`` that begins some stop string."""
