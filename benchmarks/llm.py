@@ -564,20 +564,11 @@ def main() -> None:
             + ".\n",
         )
     if "speculation" in parts:
-        spec_opts: list[tuple[int, int, tuple[str, ...]]] = [
-            (2, 8, ("--spec-type", t)) for t in ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
-        ]
-        ls_spec, tried = sweep(gguf, spec_opts, 1, grounded, args.sweep_seconds)
-        ls_plain = LlamaServer(gguf, free_port(), 2, 8, 2048)
+        ls_spec, tried, ls_plain = speculation_peers(gguf, grounded, args.sweep_seconds)
         try:
             with ServerProcess(repo) as ours:
                 url = f"http://{ours.http_url}"
-                servers = [
-                    (ON, url, {"speculative": True}),
-                    ("llama-server, speculation on", ls_spec.url, {}),
-                    ("milliserve, speculation off", url, {"speculative": False}),
-                    ("llama-server, speculation off", ls_plain.url, {}),
-                ]
+                servers = speculation_rows(url, ls_spec, url, ls_plain)
                 raw: dict[tuple[str, int], list[Level]] = {}
                 res2 = asyncio.run(
                     closed_loops(servers, [1, 8], args.rounds, args.max_tokens, args.duration, grounded, raw)
@@ -653,6 +644,28 @@ def main() -> None:
         )
 
 
+def speculation_peers(gguf: Path, prompts: Any, seconds: float) -> tuple[LlamaServer, str, LlamaServer]:
+    """llama-server at its fastest n-gram ``--spec-type`` at 1 stream on ``prompts`` (swept;
+    with a line saying what was tried), and llama-server without speculation."""
+    options: list[tuple[int, int, tuple[str, ...]]] = [
+        (2, 8, ("--spec-type", t)) for t in ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
+    ]
+    ls_spec, tried = sweep(gguf, options, 1, prompts, seconds)
+    return ls_spec, tried, LlamaServer(gguf, free_port(), 2, 8, 2048)
+
+
+def speculation_rows(
+    on: str, ls_spec: LlamaServer, off: str, ls_plain: LlamaServer
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """The four rows of a speculation part: (row name, url, request fields)."""
+    return [
+        (ON, on, {"speculative": True}),
+        ("llama-server, speculation on", ls_spec.url, {}),
+        ("milliserve, speculation off", off, {"speculative": False}),
+        ("llama-server, speculation off", ls_plain.url, {}),
+    ]
+
+
 def fresh_part(gguf: Path, repo: Path, args: argparse.Namespace, where: str) -> None:
     """Grounded prompts over texts new to every server (``fresh_grounded``) at one stream:
     in ``llm-speculation`` the same four prompts come back, and llama-server's ngram-cache
@@ -660,20 +673,11 @@ def fresh_part(gguf: Path, repo: Path, args: argparse.Namespace, where: str) -> 
     drafts there also copy its earlier answers to the same prompt. Here no answer repeats.
     milliserve runs as two servers (speculation on, off), so that neither finds a text in
     its prefix cache that the other row's requests put there."""
-    spec_opts: list[tuple[int, int, tuple[str, ...]]] = [
-        (2, 8, ("--spec-type", t)) for t in ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
-    ]
     secs = max(args.sweep_seconds, 20.0)  # a fresh text's prompt costs about 0.4 s here
-    ls_spec, tried = sweep(gguf, spec_opts, 1, fresh_grounded, secs)
-    ls_plain = LlamaServer(gguf, free_port(), 2, 8, 2048)
+    ls_spec, tried, ls_plain = speculation_peers(gguf, fresh_grounded, secs)
     try:
         with ServerProcess(repo) as on, ServerProcess(repo) as off:
-            servers = [
-                (ON, f"http://{on.http_url}", {"speculative": True}),
-                ("llama-server, speculation on", ls_spec.url, {}),
-                ("milliserve, speculation off", f"http://{off.http_url}", {"speculative": False}),
-                ("llama-server, speculation off", ls_plain.url, {}),
-            ]
+            servers = speculation_rows(f"http://{on.http_url}", ls_spec, f"http://{off.http_url}", ls_plain)
             raw: dict[tuple[str, int], list[Level]] = {}
             res = asyncio.run(
                 closed_loops(servers, [1], args.rounds, args.max_tokens, args.duration, fresh_grounded, raw)

@@ -50,22 +50,18 @@ class ThreadChoice:
 
     def _measured_below(self, size: int) -> int | None:
         """The biggest size under ``size`` whose two counts have both been measured."""
-        cost = self._cost
-        both = [
-            k
-            for k, t in cost
-            if t == self.default
-            and k < size
-            and cost[(k, t)][1] >= 3
-            and cost.get((k, self.other), (0, 0))[1] >= 3
-        ]
-        return max(both, default=None)
+        sizes = [k for k, t in self._cost if t == self.default and k < size and self._both(k)]
+        return max(sizes, default=None)
+
+    def _both(self, size: int) -> bool:
+        """Both counts have been measured over at least 3 steps of ``size``."""
+        n = self._cost.get
+        return n((size, self.default), (0.0, 0))[1] >= 3 and n((size, self.other), (0.0, 0))[1] >= 3
 
     def _better(self, size: int) -> int:
-        mine = self._cost.get((size, self.default))
-        alt = self._cost.get((size, self.other))
-        if mine is None or alt is None or mine[1] < 3 or alt[1] < 3:
+        if not self._both(size):
             return self.default
+        mine, alt = self._cost[(size, self.default)], self._cost[(size, self.other)]
         return self.other if alt[0] < 0.9 * mine[0] else self.default
 
     def pick(self, n_tokens: int) -> int:
