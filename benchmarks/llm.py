@@ -591,7 +591,8 @@ def main() -> None:
             "llm-speculation",
             "## Speculation on grounded prompts: milliserve vs llama-server (benchmarks/llm.py)\n\n"
             f"{where}. Summarise/extract/rewrite prompts that quote a 90-word text. milliserve: "
-            'prompt-lookup speculation switched per request (`"speculative"`), one server; '
+            "speculation at its defaults (drafts from the prompt, and from earlier answers: "
+            '`draft_memory_tokens`), switched per request (`"speculative"`), one server; '
             f"llama-server with speculation: {_flags(ls_spec)}, the fastest at 1 stream of (mean of 2 "
             f"passes, order reversed) {tried} tok/s; without: `-t 2 -np 8`. Closed loops of 1 and 8 "
             "streams cycling through the four "
@@ -697,8 +698,10 @@ def fresh_part(gguf: Path, repo: Path, args: argparse.Namespace, where: str) -> 
         "bodies, streets, names, things and figures are drawn anew for every request (every server "
         "of a round gets the same texts, each new to it): no answer repeats, where above the same "
         "four prompts come back and llama-server's ngram-cache, which keeps a slot's n-grams from "
-        "one request to the next, drafts from its own earlier answers too. milliserve: two "
-        'servers, prompt-lookup speculation on and off per request (`"speculative"`); '
+        "one request to the next, drafts from its own earlier answers too. Here earlier answers "
+        "share a new answer's wording, not its facts. milliserve: two servers, speculation at its "
+        "defaults (drafts from the prompt, and from earlier answers: `draft_memory_tokens`) on "
+        'and off per request (`"speculative"`); '
         f"llama-server with speculation: {_flags(ls_spec)}, the fastest at 1 stream on these "
         f"prompts of (mean of 2 passes, order reversed) {tried} tok/s; without: `-t 2 -np 8`. "
         f"One stream, {args.rounds} rounds, the order rotating; "
@@ -841,12 +844,20 @@ def _acceptance(url: str) -> str:
     with urllib.request.urlopen(f"http://{host}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     vals = {}
+    keys = ("draft", "accepted", "recalled", "recalled_accepted")
     for line in text.splitlines():
-        for key in ("draft_tokens_total", "accepted_tokens_total"):
-            if line.startswith(f"milliserve_generation_{key}{{"):
+        for key in keys:
+            if line.startswith(f"milliserve_generation_{key}_tokens_total{{"):
                 vals[key] = float(line.rsplit(" ", 1)[1])
-    drafted, accepted = vals.get("draft_tokens_total", 0.0), vals.get("accepted_tokens_total", 0.0)
-    return f"{accepted:.0f} of {drafted:.0f} ({accepted / drafted:.0%})" if drafted else "none drafted"
+    drafted, accepted, recalled, recalled_ok = (vals.get(k, 0.0) for k in keys)
+    if not drafted:
+        return "none drafted"
+    return f"{accepted:.0f} of {drafted:.0f} ({accepted / drafted:.0%})" + (
+        f"; of these, drafted from its earlier answers {recalled_ok:.0f} of {recalled:.0f} "
+        f"({recalled_ok / recalled:.0%})"
+        if recalled
+        else ""
+    )
 
 
 if __name__ == "__main__":

@@ -169,7 +169,8 @@ def test_eight_streams_interleave(free_server: ServerProcess) -> None:
 
 def test_speculation_drafts_are_made_accepted_and_change_nothing(tmp_path: Path, llm_repo: Path) -> None:
     """On a prompt that quotes its answer, prompt lookup drafts tokens and the model accepts
-    them; the text is exactly what the same request gives without speculation.
+    them; the text is exactly what the same request gives without speculation. A question
+    asked again drafts from the engine's earlier answer, and the answer is the same.
 
     The engine drafts only while a step stays within its ITL target (80% of budget.itl_ms),
     and on a machine loaded past CI's a one-token step alone took 90 ms: the model here has
@@ -201,6 +202,24 @@ def _speculation_is_exact(llm_server: ServerProcess) -> None:
     assert outs[True]["choices"][0]["text"] == outs[False]["choices"][0]["text"]
     assert _metric(llm_server, "milliserve_generation_draft_tokens_total") > drafted0
     assert _metric(llm_server, "milliserve_generation_accepted_tokens_total") > accepted0
+    # an answer that quotes nothing of its prompt, asked again: drafted from the earlier answer
+    recalled0 = _metric(llm_server, "milliserve_generation_recalled_accepted_tokens_total")
+    question = "Name three colours and say in one sentence each why people like them."
+    for spec in (False, True):
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": 48,
+            "temperature": 0,
+            "speculative": spec,
+        }
+        status, got = _post(llm_server, "/v1/chat/completions", body)
+        assert status == 200, got
+        outs[spec] = got
+    assert outs[True]["usage"]["completion_tokens"] == 48
+    assert outs[True]["choices"][0]["message"] == outs[False]["choices"][0]["message"]
+    assert outs[True]["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+    assert _metric(llm_server, "milliserve_generation_recalled_accepted_tokens_total") > recalled0
 
 
 def _stream_then_disconnect(server: ServerProcess, path: str, body: dict[str, Any]) -> None:

@@ -33,6 +33,9 @@ Config ``parameters`` understood here (string values):
                          vocabulary ships here to build and test it with
 ``draft_tokens``         most tokens drafted per step (default 10; fewer while fewer are accepted)
 ``speculate_below``      speculate only while fewer sequences than this run (default 3)
+``draft_memory_tokens``  tokens of earlier answers kept to draft from, where a sequence's
+                         last tokens match them (default 16384; 0: drafts come from the
+                         sequence's own tokens only; ``llm.memory``)
 ``kv_unified``           ``true``: one KV buffer shared by all sequences (llama.cpp's
                          unified cache; default ``false``: one buffer per sequence)
 ``max_queue``            requests waiting for a free sequence before 503 (default 64); one
@@ -92,6 +95,7 @@ KNOWN_PARAMETERS = frozenset(
         "speculative",
         "draft_tokens",
         "speculate_below",
+        "draft_memory_tokens",
         "kv_unified",
         "max_queue",
         "preemption",
@@ -152,6 +156,7 @@ class LlmOptions:
     speculative: str = "ngram"
     draft_tokens: int = 10
     speculate_below: int = 3
+    draft_memory_tokens: int = 16384
     kv_unified: bool = False
     max_queue: int = 64
     preemption: str = "fair"
@@ -209,6 +214,7 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
         speculative=spec,
         draft_tokens=whole("draft_tokens", 10, 1, 64),
         speculate_below=whole("speculate_below", 3, 0, 256),
+        draft_memory_tokens=whole("draft_memory_tokens", 16384, 0, 1 << 22),
         kv_unified=_flag(params, "kv_unified", False),
         max_queue=whole("max_queue", 64, 0),
         preemption=_choice(params, "preemption", ("fair", "priority", "off"), "fair"),

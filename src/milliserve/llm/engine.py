@@ -29,10 +29,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from milliserve.llm.admission import Preemption, WaitingRoom, ahead_of
 from milliserve.llm.costs import StepCosts
+from milliserve.llm.memory import DraftMemory
 from milliserve.llm.prefix import HostCache, PrefixCache, common_prefix
 from milliserve.llm.sequence import Acceptance, Event, GenRequest, Sequence, held_back
 from milliserve.llm.threads import ThreadChoice
@@ -82,6 +84,19 @@ class TokenModel(Protocol):
     def load_seq(self, seq: int, data: bytes) -> bool: ...
 
 
+@dataclass(slots=True)
+class _Lookup:
+    """A lookup for drafts: its acceptance table, how many tokens it matched, what it
+    found and their chances, and whether they were drafted (what the step verifies
+    teaches the table either way)."""
+
+    table: Acceptance
+    match: int
+    guess: list[int]
+    chances: list[float]
+    drafted: bool = False
+
+
 class Engine:
     """The engine loop and its queue. ``submit`` and ``cancel`` are called from the event
     loop; everything else runs on the engine thread."""
@@ -97,6 +112,7 @@ class Engine:
         reuse_slots: bool = True,
         draft_tokens: int = 0,
         speculate_below: int = 0,
+        draft_memory_tokens: int = 0,
         stats: GenerationStats | None = None,
         itl_budget_s: float | None = None,
         preemption: str = "fair",
@@ -142,6 +158,9 @@ class Engine:
         # what steps cost (llm/costs.py), seeded by warmup(); how often drafts are accepted
         self.costs = StepCosts()
         self.acceptance = Acceptance()
+        # earlier answers to draft from (llm/memory.py), and how often those drafts are accepted
+        self.memory = DraftMemory(draft_memory_tokens)
+        self.recall = Acceptance()
         self.mean_output = 128.0  # tokens a finished request generated, on average (EWMA)
         # threads of a one-token step and of a bigger one: the config's counts, or one thread
         # where that has measured faster lately (a machine busy with other work)
@@ -382,18 +401,12 @@ class Engine:
         room = self._draft_room(len(decoding)) if speculate else 0
         feed: dict[int, list[int]] = {}  # slot -> tokens this step (decoding: last + drafts)
         drafts_of: dict[int, list[int]] = {}
-        guesses: dict[int, int] = {}  # slot -> the draft's first token, where none is verified
-        matched: dict[int, int] = {}  # slot -> context tokens its lookup matched
+        looked: dict[int, list[_Lookup]] = {}  # slot -> its lookups, to learn from
         expect, width = float(len(decoding)), len(decoding)  # tokens the step yields; its logits
         for s in decoding:
-            drafts = []
+            drafts: list[int] = []
             if speculate and s.req.speculate:
-                # with no room left, one token is still looked up: the guess to learn from
-                guess, matched[s.slot] = s.lookup(max(1, min(room, self.draft_tokens)), m.n_ctx_seq)
-                chances = self.acceptance.chances(matched[s.slot], min(room, len(guess)))
-                drafts = guess[: self.costs.drafts_worth(chances, expect, width)]
-                if guess and not drafts:
-                    guesses[s.slot] = guess[0]
+                drafts, chances, looked[s.slot] = self._draft(s, room, expect, width)
                 q = 1.0
                 for c in chances[: len(drafts)]:
                     q *= c
@@ -482,12 +495,50 @@ class Engine:
                 s.accepted += len(out) - 1
                 self.stats.draft_tokens += len(drafts)
                 self.stats.accepted_tokens += len(out) - 1
-                self.acceptance.learn(matched[s.slot], len(drafts), len(out) - 1)
                 if len(out) - 1 < len(drafts):
                     m.seq_remove(s.slot, s.n_past, -1)  # the rejected drafts' KV
-            elif s.slot in guesses:  # what a draft would have done, learned for free
-                self.acceptance.learn(matched[s.slot], 1, int(out[0] == guesses[s.slot]))
+            # what each lookup's guess would have done, as far as the step tells
+            for look in looked.get(s.slot, ()):
+                guess = drafts if look.drafted else look.guess
+                k = 0
+                while k < len(guess) and k < len(out) and guess[k] == out[k]:
+                    k += 1
+                if look.drafted and look.table is self.recall:
+                    self.stats.recalled_tokens += len(drafts)
+                    self.stats.recalled_accepted_tokens += k
+                look.table.learn(look.match, min(len(guess), len(out)), k)
             self._emit_tokens(s, out, t1)
+
+    def _draft(
+        self, s: Sequence, room: int, expect: float, width: int
+    ) -> tuple[list[int], list[float], list[_Lookup]]:
+        """The tokens ``s`` drafts this step (within ``room`` and as many as pay, the step
+        so far yielding ``expect`` tokens from ``width`` logits), their chances, and its
+        lookups to learn from: its own tokens' and the earlier answers', the one expected
+        to yield more tokens drafting. With no room left one token is still looked up:
+        the guess to learn from."""
+        want = s.room(max(1, min(room, self.draft_tokens)), self.model.n_ctx_seq)
+        looked: list[_Lookup] = []
+        best, best_gain = None, -1.0
+        for table, (guess, match) in (
+            (self.acceptance, s.lookup(want, self.model.n_ctx_seq)),
+            (self.recall, self.memory.lookup(s.history, want)),
+        ):
+            if not guess:
+                continue
+            look = _Lookup(table, match, guess, table.chances(match, min(room, len(guess))))
+            gain, q = 0.0, 1.0
+            for c in look.chances:
+                q *= c
+                gain += q
+            if gain > best_gain:
+                best, best_gain = look, gain
+            looked.append(look)
+        if best is None:
+            return [], [], looked
+        drafts = best.guess[: self.costs.drafts_worth(best.chances, expect, width)]
+        best.drafted = bool(drafts)
+        return drafts, best.chances, looked
 
     def _slot_for(self, prompt: list[int]) -> int:
         """The free slot a request takes: one that keeps the running slots as few runs of
@@ -703,6 +754,8 @@ class Engine:
             m.seq_remove(s.slot)
         else:  # kept for a prompt that begins the same way
             self._kept[s.slot] = s.history[: s.n_past]
+        if reason != "error":
+            self.memory.add(s.req.prompt, s.history[len(s.req.prompt) :])
         m.free_sampler(s.sampler)
         heapq.heappush(self._free, s.slot)
         req = s.req

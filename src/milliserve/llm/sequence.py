@@ -110,6 +110,11 @@ class Sequence:
         self.index.setdefault(token, []).append(len(self.history))
         self.history.append(token)
 
+    def room(self, want: int, n_ctx: int) -> int:
+        """How many of ``want`` drafted tokens this sequence has room for: its output's
+        length and its KV cache's."""
+        return min(want, self.req.max_tokens - self.generated - 1, n_ctx - self.n_past - 2)
+
     def lookup(self, want: int, n_ctx: int) -> tuple[list[int], int]:
         """Up to ``want`` tokens that followed the earlier occurrence of the sequence's last
         token whose context matches the most tokens before it (at least 2; up to
@@ -120,7 +125,7 @@ class Sequence:
         continuation."""
         h = self.history
         n_hist = len(h)
-        room = min(want, self.req.max_tokens - self.generated - 1, n_ctx - self.n_past - 2)
+        room = self.room(want, n_ctx)
         if room <= 0 or n_hist < 3:
             return [], 0
         cands = self.index.get(h[-1])

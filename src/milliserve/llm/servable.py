@@ -130,6 +130,7 @@ class GenerativeServable:
             reuse_slots=options.reuse_slots,
             draft_tokens=options.draft_tokens if spec == "ngram" else 0,
             speculate_below=options.speculate_below,
+            draft_memory_tokens=options.draft_memory_tokens if spec == "ngram" else 0,
             stats=self.gen_stats,
             itl_budget_s=itl,
             preemption=options.preemption,

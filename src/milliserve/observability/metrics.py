@@ -207,6 +207,8 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
         "interrupted": "Steps stopped in flight so that a higher-priority prompt could run at once",
         "draft_tokens": "Tokens drafted for speculative decoding",
         "accepted_tokens": "Drafted tokens the model accepted",
+        "recalled_tokens": "Of the drafted tokens, those drafted from earlier answers (draft_memory_tokens)",
+        "recalled_accepted_tokens": "Tokens drafted from earlier answers that the model accepted",
         "steps": "Engine steps (one llama_decode each)",
     }
     cfam = {n: CounterMetricFamily(_P + "generation_" + n, doc, labels=_MV) for n, doc in counters.items()}

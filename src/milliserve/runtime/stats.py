@@ -104,6 +104,8 @@ class GenerationStats:
     suspended: Callable[[], int] = lambda: 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    recalled_tokens: int = 0  # of draft_tokens, those drafted from earlier answers
+    recalled_accepted_tokens: int = 0
     steps: int = 0
     running: Callable[[], int] = lambda: 0
     waiting: Callable[[], int] = lambda: 0

@@ -98,9 +98,18 @@ def _request(engine: Engine, prompt: list[int], max_tokens: int, sampler: Any = 
     return got
 
 
-def _generate(prompt: list[int], output: list[int], draft_tokens: int = 10, requests: int = 1) -> Engine:
+def _generate(
+    prompt: list[int], output: list[int], draft_tokens: int = 10, requests: int = 1, memory: int = 0
+) -> Engine:
     """``requests`` requests of ``prompt``, one after the other, on one engine."""
-    engine = Engine(ScriptedModel(prompt + output), 2, 256, draft_tokens=draft_tokens, speculate_below=3)
+    engine = Engine(
+        ScriptedModel(prompt + output),
+        2,
+        256,
+        draft_tokens=draft_tokens,
+        speculate_below=3,
+        draft_memory_tokens=memory,
+    )
     engine.start().result(timeout=60)
     _pin_costs(engine)
     try:
@@ -225,3 +234,21 @@ def test_acceptance_is_learned_by_match_length() -> None:
     for _ in range(30):
         acc.learn(12, 4, 4)
     assert acc.chances(10, 3)[2] > 0.95 and acc.chances(2, 3)[0] < 0.1
+
+
+def test_a_prompt_asked_again_drafts_from_its_earlier_answer() -> None:
+    """An answer that quotes nothing of its prompt gives prompt lookup nothing to draft;
+    asked again, the engine's memory of the first answer drafts it, and every drafted
+    token is accepted. Without the memory, the second answer takes as many steps as the
+    first."""
+    prompt = [1, 2, *PASSAGE[:20]]
+    answer = list(range(300, 364))  # in no prompt
+    once = _generate(prompt, answer, memory=4096)
+    assert once.stats.draft_tokens == 0 and once.stats.steps == 1 + len(answer) - 1
+    twice = _generate(prompt, answer, requests=2, memory=4096)
+    st = twice.stats
+    assert st.recalled_tokens == st.draft_tokens > 20
+    assert st.recalled_accepted_tokens == st.accepted_tokens == st.draft_tokens
+    assert st.steps < 2 * once.stats.steps - 20
+    off = _generate(prompt, answer, requests=2, memory=0)
+    assert off.stats.draft_tokens == 0 and off.stats.steps == 2 * once.stats.steps
