@@ -29,14 +29,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from milliserve.llm.admission import Preemption, WaitingRoom, ahead_of
 from milliserve.llm.costs import StepCosts
-from milliserve.llm.memory import DraftMemory
+from milliserve.llm.drafts import Drafter, Lookup
 from milliserve.llm.prefix import HostCache, PrefixCache, common_prefix
-from milliserve.llm.sequence import Acceptance, Event, GenRequest, Sequence, held_back
+from milliserve.llm.sequence import Event, GenRequest, Sequence, held_back
 from milliserve.llm.threads import ThreadChoice
 from milliserve.runtime.stats import GenerationStats
 
@@ -82,19 +81,6 @@ class TokenModel(Protocol):
     def save_seq(self, seq: int) -> bytes: ...
 
     def load_seq(self, seq: int, data: bytes) -> bool: ...
-
-
-@dataclass(slots=True)
-class _Lookup:
-    """A lookup for drafts: its acceptance table, how many tokens it matched, what it
-    found and their chances, and whether they were drafted (what the step verifies
-    teaches the table either way)."""
-
-    table: Acceptance
-    match: int
-    guess: list[int]
-    chances: list[float]
-    drafted: bool = False
 
 
 class Engine:
@@ -157,10 +143,7 @@ class Engine:
         self._stop = False
         # what steps cost (llm/costs.py), seeded by warmup(); how often drafts are accepted
         self.costs = StepCosts()
-        self.acceptance = Acceptance()
-        # earlier answers to draft from (llm/memory.py), and how often those drafts are accepted
-        self.memory = DraftMemory(draft_memory_tokens)
-        self.recall = Acceptance()
+        self.drafter = Drafter(draft_tokens, draft_memory_tokens, self.costs, self.stats)
         self.mean_output = 128.0  # tokens a finished request generated, on average (EWMA)
         # threads of a one-token step and of a bigger one: the config's counts, or one thread
         # where that has measured faster lately (a machine busy with other work)
@@ -401,16 +384,13 @@ class Engine:
         room = self._draft_room(len(decoding)) if speculate else 0
         feed: dict[int, list[int]] = {}  # slot -> tokens this step (decoding: last + drafts)
         drafts_of: dict[int, list[int]] = {}
-        looked: dict[int, list[_Lookup]] = {}  # slot -> its lookups, to learn from
+        looked: dict[int, list[Lookup]] = {}  # slot -> its lookups, to learn from
         expect, width = float(len(decoding)), len(decoding)  # tokens the step yields; its logits
         for s in decoding:
             drafts: list[int] = []
             if speculate and s.req.speculate:
-                drafts, chances, looked[s.slot] = self._draft(s, room, expect, width)
-                q = 1.0
-                for c in chances[: len(drafts)]:
-                    q *= c
-                    expect += q
+                drafts, gain, looked[s.slot] = self.drafter.draft(s, room, expect, width, m.n_ctx_seq)
+                expect += gain
                 width += len(drafts)
                 room -= len(drafts)
             drafts_of[s.slot] = drafts
@@ -497,48 +477,8 @@ class Engine:
                 self.stats.accepted_tokens += len(out) - 1
                 if len(out) - 1 < len(drafts):
                     m.seq_remove(s.slot, s.n_past, -1)  # the rejected drafts' KV
-            # what each lookup's guess would have done, as far as the step tells
-            for look in looked.get(s.slot, ()):
-                guess = drafts if look.drafted else look.guess
-                k = 0
-                while k < len(guess) and k < len(out) and guess[k] == out[k]:
-                    k += 1
-                if look.drafted and look.table is self.recall:
-                    self.stats.recalled_tokens += len(drafts)
-                    self.stats.recalled_accepted_tokens += k
-                look.table.learn(look.match, min(len(guess), len(out)), k)
+            self.drafter.learn(looked.get(s.slot, ()), drafts, out)
             self._emit_tokens(s, out, t1)
-
-    def _draft(
-        self, s: Sequence, room: int, expect: float, width: int
-    ) -> tuple[list[int], list[float], list[_Lookup]]:
-        """The tokens ``s`` drafts this step (within ``room`` and as many as pay, the step
-        so far yielding ``expect`` tokens from ``width`` logits), their chances, and its
-        lookups to learn from: its own tokens' and the earlier answers', the one expected
-        to yield more tokens drafting. With no room left one token is still looked up:
-        the guess to learn from."""
-        want = s.room(max(1, min(room, self.draft_tokens)), self.model.n_ctx_seq)
-        looked: list[_Lookup] = []
-        best, best_gain = None, -1.0
-        for table, (guess, match) in (
-            (self.acceptance, s.lookup(want, self.model.n_ctx_seq)),
-            (self.recall, self.memory.lookup(s.history, want)),
-        ):
-            if not guess:
-                continue
-            look = _Lookup(table, match, guess, table.chances(match, min(room, len(guess))))
-            gain, q = 0.0, 1.0
-            for c in look.chances:
-                q *= c
-                gain += q
-            if gain > best_gain:
-                best, best_gain = look, gain
-            looked.append(look)
-        if best is None:
-            return [], [], looked
-        drafts = best.guess[: self.costs.drafts_worth(best.chances, expect, width)]
-        best.drafted = bool(drafts)
-        return drafts, best.chances, looked
 
     def _slot_for(self, prompt: list[int]) -> int:
         """The free slot a request takes: one that keeps the running slots as few runs of
@@ -755,7 +695,7 @@ class Engine:
         else:  # kept for a prompt that begins the same way
             self._kept[s.slot] = s.history[: s.n_past]
         if reason != "error":
-            self.memory.add(s.req.prompt, s.history[len(s.req.prompt) :])
+            self.drafter.memory.add(s.req.prompt, s.history[len(s.req.prompt) :])
         m.free_sampler(s.sampler)
         heapq.heappush(self._free, s.slot)
         req = s.req

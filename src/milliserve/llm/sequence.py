@@ -1,7 +1,6 @@
 """One generation request, and the state of a request that holds a sequence slot: its
 tokens (with an index for prompt-lookup drafting), its text held back for stop strings,
-and its drafting statistics; and what the engine has learned of how often a drafted token
-is accepted."""
+and its drafting statistics."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Acceptance", "Event", "GenRequest", "Sequence", "held_back"]
+__all__ = ["Event", "GenRequest", "Sequence", "held_back"]
 
 # prompt lookup: the most earlier occurrences of a token weighed per draft (the latest), and
 # the most tokens of context compared at each (a few microseconds a sequence a step)
@@ -142,44 +141,6 @@ class Sequence:
                 if n == MATCH_TOKENS:
                     break
         return (h[best_at + 1 : best_at + 1 + room], best) if best >= 2 else ([], 0)
-
-
-class Acceptance:
-    """The chance that a drafted token is accepted, by how many tokens of context its
-    lookup matched, learned from every sequence of the engine.
-
-    Drafts whose lookup matched the last 2 tokens were accepted 45-64% of the time in chats
-    and grounded answers here, those whose lookup matched 12 tokens 93-97% of the time; the
-    i-th token of a draft has matched i more once the ones before it are accepted. One
-    acceptance rate per sequence could not tell these apart. A new sequence's rate started
-    at 1, and its first short match drafted ten tokens; in a JSON list of a text's names and
-    ages, lookups that came right for two or three tokens (the keys) raised the rate until
-    drafts were made where the values differ, and speculation made that answer 10% slower
-    than none. Chances are kept per match length as decayed counts (about the last 50
-    checks weigh), starting from L/(L+1) as if two checks had been made."""
-
-    DECAY = 0.98
-
-    def __init__(self) -> None:
-        # by match length (index; the last one stands for MATCH_TOKENS and more):
-        # [accepted, checked], decayed
-        self._odds = [[2 * n / (n + 1), 2.0] for n in range(MATCH_TOKENS + 1)]
-
-    def chances(self, match: int, n: int) -> list[float]:
-        """The chance of each of ``n`` drafted tokens, after a lookup that matched ``match``
-        tokens, given that the ones before it are accepted."""
-        odds = self._odds
-        return [a / t for a, t in (odds[min(match + i, MATCH_TOKENS)] for i in range(n))]
-
-    def learn(self, match: int, drafted: int, accepted: int) -> None:
-        """A verification of ``drafted`` tokens (or, with 1, the lookup's unverified guess:
-        a sequence that drafts nothing still teaches it) after a lookup that matched
-        ``match``: the tokens checked are those accepted and the first one rejected."""
-        k = self.DECAY
-        for i in range(min(drafted, accepted + 1)):
-            row = self._odds[min(match + i, MATCH_TOKENS)]
-            row[0] = row[0] * k + (i < accepted)
-            row[1] = row[1] * k + 1.0
 
 
 def held_back(pending: str, stops: tuple[str, ...]) -> int:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from milliserve.llm.drafts import Acceptance
 from milliserve.llm.engine import Engine
-from milliserve.llm.sequence import Acceptance, Event, GenRequest, Sequence
+from milliserve.llm.sequence import Event, GenRequest, Sequence
 
 PASSAGE = list(range(100, 200))  # the quoted text: 100 tokens, none repeated
 # seconds of a step by its logit tokens (one sequence with its drafts), measured on 2 vCPU
