@@ -141,7 +141,8 @@ class Engine:
         self._urgent: int | None = None
         self._wake = threading.Event()
         self._stop = False
-        # what steps cost (llm/costs.py), seeded by warmup(); how often drafts are accepted
+        # what steps cost (llm/costs.py), seeded by warmup(); what decoding sequences draft,
+        # from where, and how often those drafts are accepted (llm/drafts.py)
         self.costs = StepCosts()
         self.drafter = Drafter(draft_tokens, draft_memory_tokens, self.costs, self.stats)
         self.mean_output = 128.0  # tokens a finished request generated, on average (EWMA)
