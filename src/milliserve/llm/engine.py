@@ -108,7 +108,6 @@ class Engine:
         self.model = model
         self.max_sequences = max_sequences
         self.step_tokens = step_tokens
-        self.draft_tokens = draft_tokens
         self.speculate_below = speculate_below
         self.itl_budget_s = itl_budget_s
         self.stats = stats or GenerationStats()
@@ -379,7 +378,7 @@ class Engine:
             if urgent is not None and s.req.level <= urgent and s.prefilled < len(s.req.prompt)
         }
         decoding = [] if alone else [s for s in self._running if s.prefilled == len(s.req.prompt)]
-        speculate = self.draft_tokens > 0 and len(decoding) < self.speculate_below
+        speculate = self.drafter.draft_tokens > 0 and len(decoding) < self.speculate_below
         # drafts make a step longer for every stream, accepted or not: all of a step's drafts
         # together stay within what keeps the step in the ITL target
         room = self._draft_room(len(decoding)) if speculate else 0

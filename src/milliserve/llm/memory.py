@@ -17,7 +17,7 @@ whether it has seen a prompt); ``draft_memory_tokens: 0`` keeps none.
 
 from __future__ import annotations
 
-from milliserve.llm.sequence import MATCH_CANDIDATES, MATCH_TOKENS
+from milliserve.llm.sequence import MATCH_TOKENS, longest_match
 
 __all__ = ["DraftMemory"]
 
@@ -72,20 +72,10 @@ class DraftMemory:
         cands = self._index.get(history[-1])
         if not cands:
             return [], 0
-        mem = self.tokens
-        end = len(history) - 1
-        best, best_at = 1, -1
-        for p in reversed(cands[-MATCH_CANDIDATES:]):
-            n = 1
-            while n < MATCH_TOKENS and n <= min(p, end) and mem[p - n] == history[end - n]:
-                n += 1
-            if n > best:
-                best, best_at = n, p
-                if n == MATCH_TOKENS:
-                    break
+        at, best = longest_match(self.tokens, cands, history)
         if best < 2:
             return [], 0
-        draft = mem[best_at + 1 : best_at + 1 + room]
+        draft = self.tokens[at + 1 : at + 1 + room]
         if _GAP in draft:
             draft = draft[: draft.index(_GAP)]
         return draft, best

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Event", "GenRequest", "Sequence", "held_back"]
+__all__ = ["Event", "GenRequest", "Sequence", "held_back", "longest_match"]
 
 # prompt lookup: the most earlier occurrences of a token weighed per draft (the latest), and
 # the most tokens of context compared at each (a few microseconds a sequence a step)
@@ -130,17 +130,26 @@ class Sequence:
         cands = self.index.get(h[-1])
         if not cands or len(cands) < 2:
             return [], 0
-        best, best_at = 1, -1
-        end = n_hist - 1
-        for p in reversed(cands[-1 - MATCH_CANDIDATES : -1]):  # the last one is the current position
-            n = 1
-            while n < MATCH_TOKENS and n <= p and h[p - n] == h[end - n]:
-                n += 1
-            if n > best:
-                best, best_at = n, p
-                if n == MATCH_TOKENS:
-                    break
-        return (h[best_at + 1 : best_at + 1 + room], best) if best >= 2 else ([], 0)
+        at, best = longest_match(h, cands[:-1], h)  # the last one is the current position
+        return (h[at + 1 : at + 1 + room], best) if best >= 2 else ([], 0)
+
+
+def longest_match(text: list[int], cands: list[int], history: list[int]) -> tuple[int, int]:
+    """Of the latest MATCH_CANDIDATES positions ``cands`` in ``text`` (each holding
+    ``history``'s last token), the one whose tokens before it match the most of
+    ``history``'s (up to MATCH_TOKENS; the latest among equals), and how many matched, the
+    last token included; (-1, 1) when none matches more than that token."""
+    best, best_at = 1, -1
+    end = len(history) - 1
+    for p in reversed(cands[-MATCH_CANDIDATES:]):
+        n = 1
+        while n < MATCH_TOKENS and n <= min(p, end) and text[p - n] == history[end - n]:
+            n += 1
+        if n > best:
+            best, best_at = n, p
+            if n == MATCH_TOKENS:
+                break
+    return best_at, best
 
 
 def held_back(pending: str, stops: tuple[str, ...]) -> int:
