@@ -7,6 +7,10 @@ __all__ = ["ThreadChoice"]
 
 # steps of this size and more (prompt chunks) follow the choice of smaller steps
 PROMPT_SIZE = 16
+# a count's cost: the median of its last WINDOW steps of a size
+WINDOW = 7
+# where the other count is chosen, the config's is tried again after this many steps (doubling)
+RETRY = 16
 
 
 class ThreadChoice:
@@ -22,6 +26,16 @@ class ThreadChoice:
     than its best lately (the machine got busier: every 16th step until that settles) and
     otherwise every ``explore_every``-th step of a size (0.2%).
 
+    A count's cost is the median of its last ``WINDOW`` steps of a size, not a running
+    mean: one step preempted by another process (a client parsing its stream on the same
+    two cores) took 3-10 times its usual time, and a mean that took it in chose one thread,
+    then measured two threads again only every 512th step. Served at one stream with the
+    client on the same 2 vCPUs, that held one thread for 800 to 1000 steps in a row, at
+    12.8 ms a token against 10.0 on two (stop 47). Where the other count is chosen, the
+    config's count is tried again after 16 steps, the gap doubling (to ``explore_every``)
+    while it stays slower and back to 16 when a trial beats the chosen count: the machine
+    that made one thread faster is usually busy for a while, not for good.
+
     Prompt chunks (PROMPT_SIZE tokens and more) are not tried on their own: a trial is one
     request's first token on the slower count, and each size of prompt was tried 3 times.
     In 70 one-stream requests over new texts those 3 trials (480 ms against 270 on two
@@ -34,10 +48,12 @@ class ThreadChoice:
         self.other = low
         self.explore_every = explore_every
         self.drift = drift
-        self._cost: dict[tuple[int, int], tuple[float, int]] = {}  # (size, threads) -> (ewma, n)
-        self._base: dict[tuple[int, int], float] = {}  # the lowest EWMA lately (rises 1% a step)
+        self._recent: dict[tuple[int, int], list[float]] = {}  # (size, threads) -> last WINDOW
+        self._cost: dict[tuple[int, int], tuple[float, int]] = {}  # (size, threads) -> (median, n)
+        self._base: dict[tuple[int, int], float] = {}  # the lowest median lately (rises 1% a step)
         self._steps: dict[int, int] = {}
         self._explored: dict[int, int] = {}  # size -> the step it last tried the other count
+        self._retry: dict[int, int] = {}  # size -> steps until the config's count is tried again
         # what prompt chunks follow when no smaller step was measured both ways
         self.fallback: ThreadChoice | None = None
 
@@ -84,21 +100,35 @@ class ThreadChoice:
         base = self._base.get((size, best))
         drifted = now is not None and base is not None and now[0] > self.drift * base
         since = step - self._explored.get(size, 0)
+        if best != self.default:  # the config's count, slower lately: is it still?
+            wait = self._retry.get(size, RETRY)
+            if since >= wait:
+                self._explored[size] = step
+                self._retry[size] = min(2 * wait, self.explore_every)
+                return other
+            return best
+        self._retry.pop(size, None)
         if (tried < 3 and step % 4 == 0) or step % self.explore_every == 0 or (drifted and since >= 16):
             self._explored[size] = step
             return other
         return best
 
     def record(self, n_tokens: int, threads: int, seconds_per_token: float) -> None:
-        key = (self.size(n_tokens), threads)
-        old = self._cost.get(key)
-        ewma, n = (
-            (seconds_per_token, 1) if old is None else (0.7 * old[0] + 0.3 * seconds_per_token, old[1] + 1)
-        )
-        self._cost[key] = (ewma, n)
+        size = self.size(n_tokens)
+        key = (size, threads)
+        recent = self._recent.setdefault(key, [])
+        recent.append(seconds_per_token)
+        del recent[:-WINDOW]
+        cost = sorted(recent)[len(recent) // 2]
+        n = self._cost.get(key, (0.0, 0))[1] + 1
+        self._cost[key] = (cost, n)
         if n >= 3:
             base = self._base.get(key)
-            self._base[key] = ewma if base is None else min(base * 1.01, ewma)
+            self._base[key] = cost if base is None else min(base * 1.01, cost)
+        if threads == self.default and size in self._retry:
+            chosen = self._cost.get((size, self.other))
+            if chosen is not None and seconds_per_token < chosen[0]:
+                self._retry[size] = RETRY  # the config's count beat the chosen one: look again soon
 
     def chosen(self, n_tokens: int) -> int:
         """The count preferred now for steps of ``n_tokens``."""
