@@ -29,9 +29,9 @@ class ThreadChoice:
     A count's cost is the median of its last ``WINDOW`` steps of a size, not a running
     mean: one step preempted by another process (a client parsing its stream on the same
     two cores) took 3-10 times its usual time, and a mean that took it in chose one thread,
-    then measured two threads again only every 512th step. Served at one stream with the
-    client on the same 2 vCPUs, that held one thread for 800 to 1000 steps in a row, at
-    12.8 ms a token against 10.0 on two (stop 47). Where the other count is chosen, the
+    then measured two threads again only every 512th step. With two servers taking turns at
+    one stream on 2 vCPUs, each with its client, that held one thread for 800 to 1000 steps
+    in a row, at about 12.8 ms a token where two threads took 10.0 (stop 47). Where the other count is chosen, the
     config's count is tried again after 16 steps, the gap doubling (to ``explore_every``)
     while it stays slower and back to 16 when a trial beats the chosen count: the machine
     that made one thread faster is usually busy for a while, not for good.

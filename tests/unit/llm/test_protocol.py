@@ -140,9 +140,9 @@ def test_thread_choice_explores_rarely_on_a_steady_machine_and_soon_when_it_gets
 
 
 def test_thread_choice_ignores_preempted_steps_and_returns_when_the_burst_ends() -> None:
-    """Served at one stream with its client on the same 2 vCPUs, a few two-thread steps
-    preempted by the client made a running mean choose one thread, and two threads were
-    measured again only every 512th step: 800-1000 steps at 12.8 ms instead of 10.0."""
+    """A few two-thread steps preempted by another process (a client on the same 2 vCPUs)
+    made a running mean choose one thread, and two threads were measured again only every
+    512th step: 800-1000 steps in a row at about 12.8 ms where two threads took 10.0."""
     from milliserve.llm.threads import ThreadChoice
 
     tc = ThreadChoice(1, 2)
