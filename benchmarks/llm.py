@@ -537,7 +537,10 @@ def main() -> None:
                 ]
                 if second is not None:
                     servers.append(("llama_cpp.server", second.url, {}))
-                res = asyncio.run(closed_loops(servers, levels, args.rounds, args.max_tokens, args.duration))
+                peer_raw: dict[tuple[str, int], list[Level]] = {}
+                res = asyncio.run(
+                    closed_loops(servers, levels, args.rounds, args.max_tokens, args.duration, raw=peer_raw)
+                )
         finally:
             peer.stop()
             if second is not None:
@@ -549,9 +552,11 @@ def main() -> None:
         ratios = []
         for n in levels:
             a, b = res[("milliserve", n)], res[("llama-server", n)]
+            by_round = paired(peer_raw[("milliserve", n)], peer_raw[("llama-server", n)])
             ratios.append(
                 f"{n} stream{'s' if n > 1 else ''}: tokens/s {a['tok_s'] / b['tok_s']:.2f}×, TTFT p99 "
-                f"{a['ttft_p99'] / b['ttft_p99']:.2f}×, ITL p99 {a['itl_p99'] / b['itl_p99']:.2f}×"
+                f"{a['ttft_p99'] / b['ttft_p99']:.2f}×, ITL p99 {a['itl_p99'] / b['itl_p99']:.2f}×; "
+                f"tokens/s round by round {by_round}"
             )
         write_section(
             "llm-peers",
@@ -567,9 +572,8 @@ def main() -> None:
             + measured(args.duration, args.rounds)
             + f"\n\n{HEAD}\n"
             + "\n".join(rows)
-            + "\n\nmilliserve / llama-server: "
-            + "; ".join(ratios)
-            + ".\n",
+            + "\n\nmilliserve / llama-server (tokens/s: the ratio of the medians, then the ratio "
+            "of each round's pair, which ran side by side): " + "; ".join(ratios) + ".\n",
         )
     if "speculation" in parts:
         ls_spec, tried, ls_plain = speculation_peers(gguf, grounded, args.sweep_seconds)
