@@ -31,10 +31,11 @@ class ThreadChoice:
     two cores) took 3-10 times its usual time, and a mean that took it in chose one thread,
     then measured two threads again only every 512th step. With two servers taking turns at
     one stream on 2 vCPUs, each with its client, that held one thread for 800 to 1000 steps
-    in a row, at about 12.8 ms a token where two threads took 10.0 (stop 47). Where the other count is chosen, the
-    config's count is tried again after 16 steps, the gap doubling (to ``explore_every``)
-    while it stays slower and back to 16 when a trial beats the chosen count: the machine
-    that made one thread faster is usually busy for a while, not for good.
+    in a row, at about 12.8 ms a token where two threads took 10.0 (stop 47). Where the
+    other count is chosen, the config's count is tried again after 16 steps, the gap
+    doubling (to ``explore_every``) while it stays slower and back to 16 when a trial beats
+    the chosen count: the machine that made one thread faster is usually busy for a while,
+    not for good.
 
     Prompt chunks (PROMPT_SIZE tokens and more) are not tried on their own: a trial is one
     request's first token on the slower count, and each size of prompt was tried 3 times.
