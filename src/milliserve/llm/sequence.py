@@ -130,7 +130,9 @@ class Sequence:
         cands = self.index.get(h[-1])
         if not cands or len(cands) < 2:
             return [], 0
-        at, best = longest_match(h, cands[:-1], h)  # the last one is the current position
+        # the last one is the current position; the slice stays MATCH_CANDIDATES long, not
+        # a copy of every occurrence of a common token each step
+        at, best = longest_match(h, cands[-1 - MATCH_CANDIDATES : -1], h)
         return (h[at + 1 : at + 1 + room], best) if best >= 2 else ([], 0)
 
 
