@@ -172,12 +172,20 @@ def test_speculation_drafts_are_made_accepted_and_change_nothing(tmp_path: Path,
     them; the text is exactly what the same request gives without speculation. A question
     asked again drafts from the engine's earlier answer, and the answer is the same.
 
-    The engine drafts only while a step stays within its ITL target (80% of budget.itl_ms),
-    and on a machine loaded past CI's a one-token step alone took 90 ms: the model here has
-    an ITL target no step misses, so that what is tested is the drafting, not that gate."""
+    What the engine drafts is gated by time: only while a step stays within its ITL target
+    (80% of budget.itl_ms; on a machine loaded past CI's a one-token step alone took 90 ms),
+    and only as many tokens as the step costs it has measured say pay (under two CPU burners
+    those swung until the repeated question drafted nothing). The model here has an ITL
+    target no step misses and drafts 4 tokens wherever a lookup finds them (draft_tokens =
+    draft_min = 4), so that what is tested is the drafting, not those gates."""
     repo = _no_budget_repo(tmp_path, llm_repo)
     config = repo / MODEL / "config.pbtxt"
-    config.write_text(config.read_text() + "budget { itl_ms: 60000 }\n")
+    config.write_text(
+        config.read_text()
+        + "budget { itl_ms: 60000 }\n"
+        + 'parameters { key: "draft_tokens" value { string_value: "4" } }\n'
+        + 'parameters { key: "draft_min" value { string_value: "4" } }\n'
+    )
     with ServerProcess(repo) as server:
         _speculation_is_exact(server)
 

@@ -32,6 +32,8 @@ Config ``parameters`` understood here (string values):
                          second, smaller GGUF is not offered: no smaller model of SmolLM2's
                          vocabulary ships here to build and test it with
 ``draft_tokens``         most tokens drafted per step (default 10; fewer while fewer are accepted)
+``draft_min``            fewest of a lookup's tokens drafted where it found any (default 0: as
+                         many as the measured step costs say pay, none where none do)
 ``speculate_below``      speculate only while fewer sequences than this run (default 3)
 ``draft_memory_tokens``  tokens of earlier answers kept to draft from, where a sequence's
                          last tokens match them (default 16384; 0: drafts come from the
@@ -94,6 +96,7 @@ KNOWN_PARAMETERS = frozenset(
         "reuse_slots",
         "speculative",
         "draft_tokens",
+        "draft_min",
         "speculate_below",
         "draft_memory_tokens",
         "kv_unified",
@@ -155,6 +158,7 @@ class LlmOptions:
     reuse_slots: bool = True
     speculative: str = "ngram"
     draft_tokens: int = 10
+    draft_min: int = 0
     speculate_below: int = 3
     draft_memory_tokens: int = 16384
     kv_unified: bool = False
@@ -201,6 +205,7 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
     cores = os.cpu_count() or 1
     spec = params.get("speculative", "ngram").strip()
     levels = whole("priority_levels", 2, 1, 64)
+    draft_tokens = whole("draft_tokens", 10, 1, 64)
     return LlmOptions(
         n_threads=whole("n_threads", min(cores, 4), 1, 256),
         n_threads_batch=whole("n_threads_batch", min(cores, 4), 1, 256),
@@ -212,7 +217,8 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
         prompt_cache_mib=whole("prompt_cache_mib", 256, 0, 1 << 20),
         reuse_slots=_flag(params, "reuse_slots", True),
         speculative=spec,
-        draft_tokens=whole("draft_tokens", 10, 1, 64),
+        draft_tokens=draft_tokens,
+        draft_min=whole("draft_min", 0, 0, draft_tokens),
         speculate_below=whole("speculate_below", 3, 0, 256),
         draft_memory_tokens=whole("draft_memory_tokens", 16384, 0, 1 << 22),
         kv_unified=_flag(params, "kv_unified", False),

@@ -83,12 +83,20 @@ class Lookup:
 class Drafter:
     """What a decoding sequence drafts each step, and what the engine learns from the
     step's verification. ``draft_tokens``: the most tokens a sequence drafts a step;
-    ``memory_tokens``: the earlier answers kept to draft from (0: none)."""
+    ``memory_tokens``: the earlier answers kept to draft from (0: none); ``draft_min``: the
+    fewest of a lookup's tokens drafted where it found any, whatever the step costs say (0:
+    the costs decide; step times measured on a machine busy with other work are no guide)."""
 
     def __init__(
-        self, draft_tokens: int, memory_tokens: int, costs: StepCosts, stats: GenerationStats
+        self,
+        draft_tokens: int,
+        memory_tokens: int,
+        costs: StepCosts,
+        stats: GenerationStats,
+        draft_min: int = 0,
     ) -> None:
         self.draft_tokens = draft_tokens
+        self.draft_min = draft_min
         self.costs = costs
         self.stats = stats
         self.own = Acceptance()  # drafts from the sequence's own tokens
@@ -119,7 +127,8 @@ class Drafter:
             looked.append(look)
         if best is None:
             return [], 0.0, looked
-        drafts = best.guess[: self.costs.drafts_worth(best.chances, expect, width)]
+        worth = self.costs.drafts_worth(best.chances, expect, width)
+        drafts = best.guess[: max(worth, min(self.draft_min, len(best.chances)))]
         best.drafted = bool(drafts)
         return drafts, expected(best.chances[: len(drafts)]), looked
 

@@ -97,6 +97,7 @@ class Engine:
         host_cache_bytes: int = 0,
         reuse_slots: bool = True,
         draft_tokens: int = 0,
+        draft_min: int = 0,
         speculate_below: int = 0,
         draft_memory_tokens: int = 0,
         stats: GenerationStats | None = None,
@@ -143,7 +144,7 @@ class Engine:
         # what steps cost (llm/costs.py), seeded by warmup(); what decoding sequences draft,
         # from where, and how often those drafts are accepted (llm/drafts.py)
         self.costs = StepCosts()
-        self.drafter = Drafter(draft_tokens, draft_memory_tokens, self.costs, self.stats)
+        self.drafter = Drafter(draft_tokens, draft_memory_tokens, self.costs, self.stats, draft_min)
         self.mean_output = 128.0  # tokens a finished request generated, on average (EWMA)
         # threads of a one-token step and of a bigger one: the config's counts, or one thread
         # where that has measured faster lately (a machine busy with other work)

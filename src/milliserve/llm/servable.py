@@ -129,6 +129,7 @@ class GenerativeServable:
             host_cache_bytes=options.prompt_cache_mib << 20,
             reuse_slots=options.reuse_slots,
             draft_tokens=options.draft_tokens if spec == "ngram" else 0,
+            draft_min=options.draft_min,
             speculate_below=options.speculate_below,
             draft_memory_tokens=options.draft_memory_tokens if spec == "ngram" else 0,
             stats=self.gen_stats,

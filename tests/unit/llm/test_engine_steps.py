@@ -100,7 +100,12 @@ def _request(engine: Engine, prompt: list[int], max_tokens: int, sampler: Any = 
 
 
 def _generate(
-    prompt: list[int], output: list[int], draft_tokens: int = 10, requests: int = 1, memory: int = 0
+    prompt: list[int],
+    output: list[int],
+    draft_tokens: int = 10,
+    requests: int = 1,
+    memory: int = 0,
+    draft_min: int = 0,
 ) -> Engine:
     """``requests`` requests of ``prompt``, one after the other, on one engine."""
     engine = Engine(
@@ -108,6 +113,7 @@ def _generate(
         2,
         256,
         draft_tokens=draft_tokens,
+        draft_min=draft_min,
         speculate_below=3,
         draft_memory_tokens=memory,
     )
@@ -206,6 +212,21 @@ def test_answers_whose_short_matches_never_continue_are_not_slowed_by_speculatio
     on = _generate(prompt, output, requests=3)
     off = _generate(prompt, output, draft_tokens=0, requests=3)
     assert _seconds(on) <= _seconds(off), (_seconds(on), _seconds(off), on.stats.draft_tokens)
+
+
+def test_draft_min_drafts_what_a_lookup_found_where_the_costs_say_none_pays() -> None:
+    """The answer of the test above, whose 2-token matches never continue: at these step
+    costs the engine stops drafting there; with draft_min 2 every lookup that finds tokens
+    drafts 2 of them (the answer itself unchanged: drafts are only verified)."""
+    output: list[int] = []
+    for i in range(16):
+        output += [500, 501, 900 + i]
+    prompt = [1, 2, *PASSAGE, 3]
+    gated = _generate(prompt, output, requests=2)
+    forced = _generate(prompt, output, requests=2, draft_min=2)
+    assert forced.stats.draft_tokens > gated.stats.draft_tokens
+    assert forced.stats.draft_tokens % 2 == 0, forced.stats.draft_tokens
+    assert _seconds(forced) > _seconds(gated)
 
 
 def test_an_answer_that_quotes_a_few_words_at_a_time_gains_from_speculation() -> None:
