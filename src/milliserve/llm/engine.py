@@ -43,6 +43,8 @@ __all__ = ["DEFAULT_ITL_S", "Engine", "TokenModel"]
 
 # the time between tokens speculation keeps a step within when the model has no budget.itl_ms
 DEFAULT_ITL_S = 0.05
+# the fewest prompt tokens a step beside decoding streams prefills (Engine._prefill_budget)
+MIN_CHUNK = 4
 
 log = logging.getLogger(__name__)
 
@@ -296,22 +298,32 @@ class Engine:
         chunk gap of an open-loop run at half capacity was over a 60 ms ITL objective."""
         return int(self._step_room_s(decoding) / max(self.costs.draft_token_s, 1e-6))
 
-    def _step_room_s(self, decoding: int) -> float:
+    def _itl_target_s(self) -> float:
+        """The ITL target: ``budget.itl_ms``, else DEFAULT_ITL_S."""
+        return self.itl_budget_s if self.itl_budget_s is not None else DEFAULT_ITL_S
+
+    def _step_room_s(self, decoding: int, share: float = 0.8) -> float:
         """Seconds a step of ``decoding`` logit tokens may grow by (drafts, prompt chunks) and
-        stay within 80% of the ITL target (``budget.itl_ms``, else DEFAULT_ITL_S)."""
-        target = self.itl_budget_s if self.itl_budget_s is not None else DEFAULT_ITL_S
-        return target * 0.8 - self.costs.step(decoding)
+        stay within ``share`` of the ITL target."""
+        return self._itl_target_s() * share - self.costs.step(decoding)
 
     def _prefill_budget(self, decoding: int) -> int:
         """Prompt tokens a step may prefill beside ``decoding`` tokens that want logits: as
         many as keep the step within 80% of the ITL target (``budget.itl_ms``, else
-        DEFAULT_ITL_S), and at least 16. With nothing decoding there is no stream to stall.
-        A whole chat prompt joining 8 streams made an 80 ms gap in each of them, and an open
-        loop at 70% of capacity lost requests to their ITL p99 (61-65 ms against 60)."""
+        DEFAULT_ITL_S), and at least what keeps it within the whole target (between
+        MIN_CHUNK and 16), so that a prompt always moves. With nothing decoding there is no
+        stream to stall. A whole chat prompt joining 8 streams made an 80 ms gap in each of
+        them, and an open loop at 70% of capacity lost requests to their ITL p99 (61-65 ms
+        against 60). A floor of 16 tokens whatever the streams: beside 7 decoding streams
+        (35 ms) a 16-token chunk made 99 ms steps, and a 250-token prompt arriving in an
+        open loop at half of capacity gave each of the 7 sixteen gaps over 60 ms (their ITL
+        objective missed) while its own first token came after 1.4 s all the same."""
         budget = self.step_tokens - decoding
         if decoding:
-            fit = int(self._step_room_s(decoding) / max(self.costs.prefill_token_s, 1e-6))
-            budget = min(budget, max(16, fit))
+            per = max(self.costs.prefill_token_s, 1e-6)
+            fit = int(self._step_room_s(decoding) / per)
+            floor = min(16, max(MIN_CHUNK, int(self._step_room_s(decoding, 1.0) / per)))
+            budget = min(budget, max(floor, fit))
         return max(1, budget)
 
     def _loop(self) -> None:
@@ -431,7 +443,7 @@ class Engine:
                 prefill.append((s, n, len(tokens) - 1 if done else -1))
         n_tok = len(tokens)
         choice = self.threads if n_tok > 1 else self.threads_one
-        threads = choice.pick(n_tok)
+        threads = choice.pick(n_tok, self._itl_target_s())
         m.set_threads(threads, threads)
         t0 = time.perf_counter()
         try:

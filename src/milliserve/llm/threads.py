@@ -37,6 +37,11 @@ class ThreadChoice:
     the chosen count: the machine that made one thread faster is usually busy for a while,
     not for good.
 
+    Given the ITL target (``pick``'s ``limit_s``), a trial is made only where the count
+    tried is expected, at its best lately, to take at most that or what the count in use
+    takes now (``_may_try``): small steps are tried, big ones once the machine slowed the
+    count in use past what the trial could take.
+
     Prompt chunks (PROMPT_SIZE tokens and more) are not tried on their own: a trial is one
     request's first token on the slower count, and each size of prompt was tried 3 times.
     In 70 one-stream requests over new texts those 3 trials (480 ms against 270 on two
@@ -81,7 +86,43 @@ class ThreadChoice:
         mine, alt = self._cost[(size, self.default)], self._cost[(size, self.other)]
         return self.other if alt[0] < 0.9 * mine[0] else self.default
 
-    def pick(self, n_tokens: int) -> int:
+    def _at_best(self, size: int, threads: int, n_tokens: int) -> float | None:
+        """Seconds a step of ``n_tokens`` takes on ``threads`` where the machine lets it: its
+        lowest median lately at this size, else the other count's times the two counts'
+        ratio at the biggest smaller size measured both ways (else the ratio of the counts);
+        None where neither count has three steps at this size."""
+        mine = self._base.get((size, threads))
+        if mine is not None:
+            return mine * n_tokens
+        alt = self.other if threads == self.default else self.default
+        theirs = self._base.get((size, alt))
+        if theirs is None:
+            return None
+        below = self._measured_below(size)
+        if below is not None:
+            ratio = self._cost[(below, threads)][0] / max(self._cost[(below, alt)][0], 1e-9)
+        else:
+            ratio = alt / threads
+        return theirs * ratio * n_tokens
+
+    def _may_try(self, size: int, count: int, current: int, n_tokens: int, limit_s: float | None) -> bool:
+        """Whether a trial of ``count`` on this step is expected, at its best, to stay within
+        ``limit_s`` (the ITL target) or within what ``current`` takes now. A one-thread
+        trial on a step of 7 streams took 82 ms (two threads: 35) and gave each stream a gap
+        over a 60 ms ITL objective; in an open loop at half of capacity such trials came
+        every 3 s or so. Where other work slows the count in use (two threads beside one
+        busy process took 3 s a step of 8 here) the trial is made: it cannot do worse."""
+        if limit_s is None:
+            return True
+        trial = self._at_best(size, count, n_tokens)
+        now = self._cost.get((size, current))
+        if trial is None or now is None:
+            return True
+        return trial <= max(limit_s, now[0] * n_tokens)
+
+    def pick(self, n_tokens: int, limit_s: float | None = None) -> int:
+        """Threads for a step of ``n_tokens``; a trial of the count not chosen is made only
+        where it is expected to take at most ``limit_s`` (or what the chosen count takes)."""
         if self.default == self.other:
             return self.default
         size = self.size(n_tokens)
@@ -103,13 +144,14 @@ class ThreadChoice:
         since = step - self._explored.get(size, 0)
         if best != self.default:  # the config's count, slower lately: is it still?
             wait = self._retry.get(size, RETRY)
-            if since >= wait:
+            if since >= wait and self._may_try(size, other, best, n_tokens, limit_s):
                 self._explored[size] = step
                 self._retry[size] = min(2 * wait, self.explore_every)
                 return other
             return best
         self._retry.pop(size, None)
-        if (tried < 3 and step % 4 == 0) or step % self.explore_every == 0 or (drifted and since >= 16):
+        due = (tried < 3 and step % 4 == 0) or step % self.explore_every == 0 or (drifted and since >= 16)
+        if due and self._may_try(size, other, best, n_tokens, limit_s):
             self._explored[size] = step
             return other
         return best

@@ -191,6 +191,25 @@ def test_drafts_are_verified_where_they_pay_not_one_at_a_time() -> None:
     assert engine.costs.drafts_worth([0.6] * 10, 1.0, 1) == 0
 
 
+def test_a_prompt_chunk_beside_decoding_streams_keeps_their_steps_near_the_itl_target() -> None:
+    """A prompt chunk's floor of 16 tokens beside 7 decoding streams (36 ms) made 99 ms
+    steps: every stream's ITL objective missed while the prompt's first token came late all
+    the same. The floor is what fits the whole ITL target (50 ms here), at least MIN_CHUNK;
+    with few streams the chunk fills 80% of it; alone, a prompt takes the whole step."""
+    from milliserve.llm.engine import DEFAULT_ITL_S, MIN_CHUNK
+
+    engine = Engine(ScriptedModel([]), 8, 256)
+    _pin_costs(engine)
+    engine.costs.prefill_token_s = 0.0039
+    per = engine.costs.prefill_token_s
+    seven = engine._prefill_budget(7)
+    assert seven == MIN_CHUNK  # 36 ms + 4 x 3.9 = 52 ms, where 16 tokens made 98
+    one = engine._prefill_budget(1)
+    assert engine.costs.step(1) + one * per <= DEFAULT_ITL_S
+    assert one >= int((0.8 * DEFAULT_ITL_S - engine.costs.step(1)) / per)
+    assert engine._prefill_budget(0) == 256
+
+
 def _seconds(engine: Engine) -> float:
     """What the steps of its requests cost at CPU_STEPS, the warm-up's left out."""
     model = engine.model

@@ -174,6 +174,66 @@ def test_thread_choice_ignores_preempted_steps_and_returns_when_the_burst_ends()
     assert back[-100:].count(1) == 0
 
 
+def test_thread_choice_tries_the_other_count_only_where_the_step_stays_within_the_itl_target() -> None:
+    """A one-thread trial on a step of 7 streams took 82 ms where two threads took 35, a gap
+    over a 60 ms ITL objective in each stream. A trial is made where it is expected to take
+    at most the ITL target (or what the chosen count takes now): small steps are still
+    tried, big ones are not, and they are again once the chosen count is as slow."""
+    from milliserve.llm.threads import ThreadChoice
+
+    tc = ThreadChoice(1, 2)
+    cost = {2: 0.0044, 1: 0.0080}  # per token, a step of 8 streams: 35 ms on two threads, 64 on one
+    for _ in range(8):  # one-token steps measured both ways: one thread takes 1.8x as long
+        tc.record(1, 2, 0.010)
+        tc.record(1, 1, 0.018)
+
+    one = {2: 0.010, 1: 0.018}
+
+    def run(steps: int) -> tuple[list[int], list[int]]:
+        """``steps`` steps of 8 streams, each after a one-token step (a stream alone)."""
+        picks, singles = [], []
+        for _ in range(steps):
+            t = tc.pick(1, 0.050)
+            tc.record(1, t, one[t])
+            singles.append(t)
+            t = tc.pick(8, 0.050)
+            tc.record(8, t, cost[t])
+            picks.append(t)
+        return picks, singles
+
+    picks, singles = run(1100)
+    assert picks.count(1) == 0  # never tried: 1.8 x 35 ms is over the 50 ms target
+    assert singles.count(1) >= 1  # one-token steps (18 ms on one thread) still are
+    # the machine got busy: two threads now take 80 ms a step of 8, 30 ms a step of one
+    cost[2], one[2] = 0.0100, 0.030
+    picks, singles = run(100)
+    assert 1 in singles[:40]  # the one-token steps find one thread faster first,
+    assert 1 in picks  # then a trial on 8 is expected to take less than the step does now
+    assert tc.chosen(8) == 1
+    # another process took a core while 8 streams decoded, and no stream was alone: two
+    # threads took 3 s a step of 8 (measured here), one-token steps never ran. The ratio
+    # measured on one-token steps says nothing of that: one thread is tried all the same
+    tc = ThreadChoice(1, 2)
+    cost, one = {2: 0.0044, 1: 0.0080}, {2: 0.010, 1: 0.018}
+    assert run(300)[0].count(1) == 0
+    cost[2] = 0.375
+    one[2] = one[1] = 1.0  # (not run: one-token steps are left out below)
+    picks = []
+    for _ in range(60):
+        t = tc.pick(8, 0.050)
+        tc.record(8, t, cost[t])
+        picks.append(t)
+    assert 1 in picks[:20] and tc.chosen(8) == 1
+    # without a limit, the same steps are tried as before
+    free = ThreadChoice(1, 2)
+    picks = []
+    for _ in range(16):
+        t = free.pick(8)
+        free.record(8, t, 0.0044 if t == 2 else 0.0080)
+        picks.append(t)
+    assert picks.count(1) == 3
+
+
 def test_prompt_chunks_are_not_tried_on_the_slower_count() -> None:
     """A trial of one thread on a prompt chunk is one request's first token at about half
     speed, and every new size of prompt was tried 3 times: prompt chunks follow what the
