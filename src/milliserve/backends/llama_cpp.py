@@ -32,8 +32,9 @@ Config ``parameters`` understood here (string values):
                          second, smaller GGUF is not offered: no smaller model of SmolLM2's
                          vocabulary ships here to build and test it with
 ``draft_tokens``         most tokens drafted per step (default 10; fewer while fewer are accepted)
-``draft_min``            fewest of a lookup's tokens drafted where it found any (default 0: as
-                         many as the measured step costs say pay, none where none do)
+``draft_min``            fewest of a lookup's tokens drafted where it found any, within the ITL
+                         room (default 0: as many as the measured step costs say pay, none
+                         where none do; at most ``draft_tokens``)
 ``speculate_below``      speculate only while fewer sequences than this run (default 3)
 ``draft_memory_tokens``  tokens of earlier answers kept to draft from, where a sequence's
                          last tokens match them (default 16384; 0: drafts come from the

@@ -111,7 +111,8 @@ class ThreadChoice:
         trial on a step of 7 streams took 82 ms (two threads: 35) and gave each stream a gap
         over a 60 ms ITL objective; in an open loop at half of capacity such trials came
         every 3 s or so. Where other work slows the count in use (two threads beside one
-        busy process took 3 s a step of 8 here) the trial is made: it cannot do worse."""
+        busy process took 3 s a step of 8 here) the trial is made: it is not expected to
+        do worse."""
         if limit_s is None:
             return True
         trial = self._at_best(size, count, n_tokens)

@@ -217,7 +217,6 @@ def test_thread_choice_tries_the_other_count_only_where_the_step_stays_within_th
     cost, one = {2: 0.0044, 1: 0.0080}, {2: 0.010, 1: 0.018}
     assert run(300)[0].count(1) == 0
     cost[2] = 0.375
-    one[2] = one[1] = 1.0  # (not run: one-token steps are left out below)
     picks = []
     for _ in range(60):
         t = tc.pick(8, 0.050)
