@@ -217,6 +217,15 @@ def _seconds(engine: Engine) -> float:
     return sum(engine.costs.step(w) for w in model.widths[6:])
 
 
+def _keyed_answer() -> tuple[list[int], list[int]]:
+    """A prompt quoting PASSAGE, and an answer that repeats two tokens of its own (a JSON
+    key) 16 times with a new value after each."""
+    output: list[int] = []
+    for i in range(16):
+        output += [500, 501, 900 + i]
+    return [1, 2, *PASSAGE, 3], output
+
+
 def test_answers_whose_short_matches_never_continue_are_not_slowed_by_speculation() -> None:
     """Each answer repeats two tokens of its own (a JSON key) and writes a new value after
     them: every lookup after a 2-token match drafts the last value, which fails. A new
@@ -224,10 +233,7 @@ def test_answers_whose_short_matches_never_continue_are_not_slowed_by_speculatio
     learned, and speculation made the requests cost more than none (1.04x at these step
     costs; a real JSON answer took 10% longer). Learned by match length across the engine's
     sequences, the chance after 2-token matches is known low once, and drafting stops."""
-    output: list[int] = []
-    for i in range(16):
-        output += [500, 501, 900 + i]
-    prompt = [1, 2, *PASSAGE, 3]
+    prompt, output = _keyed_answer()
     on = _generate(prompt, output, requests=3)
     off = _generate(prompt, output, draft_tokens=0, requests=3)
     assert _seconds(on) <= _seconds(off), (_seconds(on), _seconds(off), on.stats.draft_tokens)
@@ -237,10 +243,7 @@ def test_draft_min_drafts_what_a_lookup_found_where_the_costs_say_none_pays() ->
     """The answer of the test above, whose 2-token matches never continue: at these step
     costs the engine stops drafting there; with draft_min 2 every lookup that finds tokens
     drafts 2 of them (the answer itself unchanged: drafts are only verified)."""
-    output: list[int] = []
-    for i in range(16):
-        output += [500, 501, 900 + i]
-    prompt = [1, 2, *PASSAGE, 3]
+    prompt, output = _keyed_answer()
     gated = _generate(prompt, output, requests=2)
     forced = _generate(prompt, output, requests=2, draft_min=2)
     assert forced.stats.draft_tokens > gated.stats.draft_tokens
