@@ -14,7 +14,9 @@ Its parts, each written into its own section of docs/benchmarks.md:
   tokens/s. llama-server runs at its best settings, swept first (``-t`` 1/2, ``-np``).
 - ``llm-speculation``: grounded prompts (summarise/extract/rewrite a quoted text) at 1 and
   8 streams: milliserve with prompt-lookup speculation on and off, llama-server with its
-  best n-gram ``--spec-type`` (swept) and without.
+  best n-gram ``--spec-type`` (swept) and without; then milliserve on against off at 8
+  streams in short back-to-back pairs (``--pairs``), for an interval that the rounds'
+  drift does not swamp.
 - ``llm-speculation-fresh``: the same tasks at 1 stream over texts new to every server, so
   that no answer repeats.
 - ``llm-prefix-cache``: TTFT of 8 chats sharing a long system prompt: milliserve with and
@@ -303,6 +305,11 @@ class Peer:
         self.proc.wait(30)
 
 
+def fmt_short(s: dict[str, float]) -> str:
+    """Tokens/s (median of the levels) and ITL p99 of a summary, for a sentence."""
+    return f"{s['tok_s']:.1f} tok/s (median), ITL p99 {s['itl_p99']:.1f} ms, {s['requests']:.0f} requests"
+
+
 def fmt(s: dict[str, float]) -> str:
     return (
         f"{s['ttft_p50']:.0f} | {s['ttft_p99']:.0f} | {s['itl_p50']:.1f} | {s['itl_p99']:.1f} | "
@@ -353,14 +360,43 @@ async def closed_loops(
 def paired(a: list[Level], b: list[Level]) -> str:
     """The ratio of two rows' tokens/s, round by round (the rounds ran side by side): its
     mean with a 95% t-interval over the rounds, and its range."""
+    r = [x.counted / x.wall / (y.counted / y.wall) for x, y in zip(a, b, strict=True)]
+    return interval(r, "rounds")
+
+
+async def alternating(
+    url: str, prompts: Any, streams: int, pairs: int, seconds: float, max_tokens: int
+) -> tuple[list[float], list[Level], list[Level]]:
+    """Speculation on against off on one server at ``streams`` streams, in ``pairs`` short
+    pairs of closed loops run back to back (which of the two goes first alternates), so that
+    the machine's drift between rounds (20 s rows a minute apart ranged 0.80-1.19x with
+    nothing changed) falls mostly outside each pair. The server has seen the prompts before
+    (the rows above), so that the first pair is not a cold start. Returns each pair's
+    tokens/s ratio (on / off) and the two sides' levels."""
+    ratios: list[float] = []
+    on: list[Level] = []
+    off: list[Level] = []
+    for k in range(pairs):
+        got: dict[bool, Level] = {}
+        for spec in (True, False) if k % 2 == 0 else (False, True):
+            extra = {"speculative": spec}
+            got[spec] = await run_level(url, "smollm2", prompts(k), max_tokens, extra, seconds, 3.0, streams)
+        on.append(got[True])
+        off.append(got[False])
+        ratios.append(got[True].counted / got[True].wall / (got[False].counted / got[False].wall))
+        print(f"pair {k}: speculation on / off {ratios[-1]:.3f}", flush=True)
+    return ratios, on, off
+
+
+def interval(r: list[float], what: str) -> str:
+    """The mean of the ratios ``r`` with its 95% t-interval, and their range (``what``: of what)."""
     from scipy import stats
 
-    r = [x.counted / x.wall / (y.counted / y.wall) for x, y in zip(a, b, strict=True)]
     m = statistics.fmean(r)
     half = math.nan
     if len(r) > 1:
         half = stats.t.ppf(0.975, len(r) - 1) * statistics.stdev(r) / math.sqrt(len(r))
-    return f"{m:.2f}× (95% CI {m - half:.2f}–{m + half:.2f}; rounds {min(r):.2f}–{max(r):.2f})"
+    return f"{m:.2f}× (95% CI {m - half:.2f}–{m + half:.2f}; {what} {min(r):.2f}–{max(r):.2f})"
 
 
 def prefix_bursts(rounds: int) -> int:
@@ -502,6 +538,8 @@ def main() -> None:
     )
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per closed-loop level")
     ap.add_argument("--sweep-seconds", type=float, default=8.0)
+    ap.add_argument("--pairs", type=int, default=16, help="speculation: on/off pairs at 8 streams")
+    ap.add_argument("--pair-seconds", type=float, default=10.0, help="speculation: measured seconds of each")
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama_cpp.server row")
     ap.add_argument("--quick", action="store_true", help="structured/priority: a short check, no section")
     args = ap.parse_args()
@@ -586,6 +624,9 @@ def main() -> None:
                     closed_loops(servers, [1, 8], args.rounds, args.max_tokens, args.duration, grounded, raw)
                 )
                 acc = _acceptance(url)
+                alt, alt_on, alt_off = asyncio.run(
+                    alternating(url, grounded, 8, args.pairs, args.pair_seconds, args.max_tokens)
+                )
         finally:
             ls_spec.stop()
             ls_plain.stop()
@@ -614,7 +655,12 @@ def main() -> None:
             + "\n".join(rows)
             + "\n\n"
             + "; ".join(lines)
-            + f". milliserve's drafted tokens accepted: {acc}.\n",
+            + f". milliserve's drafted tokens accepted: {acc}.\n\n"
+            + f"8 streams, speculation on against off on the same server, in {args.pairs} pairs of "
+            f"closed loops run back to back ({args.pair_seconds:g} s each after 3 s of warm-up, which of "
+            "the two goes first alternating), so that the drift between the rounds above falls "
+            f"outside each pair: tokens/s on / off {interval(alt, 'pairs')}; "
+            f"on {fmt_short(summary(alt_on))}, off {fmt_short(summary(alt_off))}.\n",
         )
     if "speculation-fresh" in parts:
         fresh_part(gguf, repo, args, where)
