@@ -35,7 +35,8 @@ Config ``parameters`` understood here (string values):
 ``draft_min``            fewest of a lookup's tokens drafted where it found any, within the ITL
                          room (default 0: as many as the measured step costs say pay, none
                          where none do; at most ``draft_tokens``)
-``speculate_below``      speculate only while fewer sequences than this run (default 3)
+``speculate_below``      speculate only while fewer sequences than this decode, and no
+                         prompt is prefilled beside them (default 3)
 ``draft_memory_tokens``  tokens of earlier answers kept to draft from, where a sequence's
                          last tokens match them (default 16384; 0: drafts come from the
                          sequence's own tokens only; ``llm.memory``)
