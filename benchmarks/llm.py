@@ -360,8 +360,12 @@ async def closed_loops(
 def paired(a: list[Level], b: list[Level]) -> str:
     """The ratio of two rows' tokens/s, round by round (the rounds ran side by side): its
     mean with a 95% t-interval over the rounds, and its range."""
-    r = [x.counted / x.wall / (y.counted / y.wall) for x, y in zip(a, b, strict=True)]
-    return interval(r, "rounds")
+    return interval([rate(x) / rate(y) for x, y in zip(a, b, strict=True)], "rounds")
+
+
+def rate(lv: Level) -> float:
+    """A level's output tokens/s: those that arrived within its window."""
+    return lv.counted / lv.wall
 
 
 async def alternating(
@@ -383,7 +387,7 @@ async def alternating(
             got[spec] = await run_level(url, "smollm2", prompts(k), max_tokens, extra, seconds, 3.0, streams)
         on.append(got[True])
         off.append(got[False])
-        ratios.append(got[True].counted / got[True].wall / (got[False].counted / got[False].wall))
+        ratios.append(rate(got[True]) / rate(got[False]))
         print(f"pair {k}: speculation on / off {ratios[-1]:.3f}", flush=True)
     return ratios, on, off
 
