@@ -69,13 +69,16 @@ def test_perf_analyzer_measures_milliserve(
         "100",
         "-s",
         "100",
+        # perf_analyzer reports once 3 windows in a row agree within -s; on a loaded 2-core
+        # machine one window in three can be slowed past 100% by other work (stop 49: it gave
+        # up after its third window), so it gets more windows to find 3 that agree
         "--max-trials",
-        "3",
+        "10",
         "-f",
         str(report),
         *extra,
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = list(csv.DictReader(report.read_text().splitlines()))
     assert float(rows[0]["Inferences/Second"]) > 0

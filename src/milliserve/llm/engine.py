@@ -21,22 +21,20 @@ the model through ``TokenModel`` (``backends/llama_cpp.py`` implements it).
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol
 
 from milliserve.llm.admission import Preemption, WaitingRoom, ahead_of
 from milliserve.llm.costs import StepCosts
 from milliserve.llm.drafts import Drafter, Lookup
-from milliserve.llm.prefix import HostCache, PrefixCache, common_prefix
-from milliserve.llm.sequence import Event, GenRequest, Sequence, held_back
+from milliserve.llm.sequence import Event, GenRequest, Sequence
+from milliserve.llm.slots import Slots
 from milliserve.llm.threads import ThreadChoice
+from milliserve.llm.token_model import TokenModel
 from milliserve.runtime.stats import GenerationStats
 
 __all__ = ["DEFAULT_ITL_S", "Engine", "TokenModel"]
@@ -47,42 +45,6 @@ DEFAULT_ITL_S = 0.05
 MIN_CHUNK = 4
 
 log = logging.getLogger(__name__)
-
-
-class TokenModel(Protocol):
-    """The token-level operations the engine uses (``backends.llama_cpp.LlamaModel``)."""
-
-    n_ctx_seq: int
-    batch_capacity: int
-    threads: tuple[int, int]
-
-    def set_threads(self, n: int, n_batch: int) -> None: ...
-
-    def piece(self, token: int, special: bool = False) -> bytes: ...
-
-    def is_eog(self, token: int) -> bool: ...
-
-    def decode(self, tokens: list[int], pos: list[int], seqs: list[int], logits: list[bool]) -> bool: ...
-
-    interruptible: bool
-
-    def interrupt(self, stop: bool = True) -> None: ...
-
-    def new_sampler(self, spec: Any) -> Any: ...
-
-    def accept(self, sampler: Any, token: int) -> None: ...
-
-    def sample(self, sampler: Any, index: int) -> int: ...
-
-    def free_sampler(self, sampler: Any) -> None: ...
-
-    def seq_remove(self, seq: int, p0: int = -1, p1: int = -1) -> bool: ...
-
-    def seq_copy(self, src: int, dst: int, keep: int) -> None: ...
-
-    def save_seq(self, seq: int) -> bytes: ...
-
-    def load_seq(self, seq: int, data: bytes) -> bool: ...
 
 
 class Engine:
@@ -114,19 +76,9 @@ class Engine:
         self.speculate_below = speculate_below
         self.itl_budget_s = itl_budget_s
         self.stats = stats or GenerationStats()
-        self._free = list(range(max_sequences))  # a heap: the lowest free slot first
-        # a free slot keeps the KV of the sequence that ended in it: these tokens. A later
-        # prompt that begins with them (the next turn of a chat, a repeated prompt, a shared
-        # system prompt) starts from there instead of prefilling them again.
-        self._kept: dict[int, list[int]] = {}
-        self.reuse_slots = reuse_slots
-        # what a source of KV costs, in prompt tokens' worth of prefill (measured on 2 vCPU:
-        # a token 2.7 ms; restoring 200 tokens from host memory 2 ms, a slot copy 10 ms)
-        self.copy_tokens = 6
-        self.restore_tokens = 2
-        self.host = HostCache(host_cache_bytes, min_prefix_tokens)
-        self.prefixes = PrefixCache(
-            list(range(max_sequences, max_sequences + prefix_slots)), min_prefix_tokens
+        # which slot a sequence takes and which cached KV it starts from (llm/slots.py)
+        self.slots = Slots(
+            model, max_sequences, prefix_slots, min_prefix_tokens, host_cache_bytes, reuse_slots, self.stats
         )
         self._running: list[Sequence] = []
         # who runs next: priority, then fairness across clients (llm/admission.py)
@@ -159,7 +111,7 @@ class Engine:
         self.stats.suspended = lambda: len(self._suspended)
         self.stats.kv_tokens = lambda: sum(s.n_past for s in self._running)
         self.stats.kv_capacity = max_sequences * model.n_ctx_seq
-        self.stats.host_cache_bytes = lambda: self.host.bytes
+        self.stats.host_cache_bytes = lambda: self.slots.host.bytes
         make = spawn or (lambda n, f: threading.Thread(target=f, name=n, daemon=True))
         self._thread = make(f"ms-engine-{name}", self._loop)
 
@@ -265,9 +217,7 @@ class Engine:
     def cached(self, prompt: list[int]) -> int:
         """Prompt tokens whose KV a new request could reuse now (a kept slot or a prefix
         slot). Read from the event loop too: a snapshot, no lock."""
-        n = len(prompt) - 1  # the last prompt token is decoded for its logits
-        kept = max((common_prefix(t, prompt) for t in list(self._kept.values())), default=0)
-        return max(0, min(n, max(kept, self.prefixes.hit(prompt))))
+        return self.slots.cached(prompt)
 
     # ---- engine thread ----
     def warmup(self) -> None:
@@ -374,9 +324,10 @@ class Engine:
             for r in self._waiting.take_cancelled():
                 self._drop_waiting(r)
         # admission: priority, then fairness (llm/admission.py); preemption makes room
-        while self._waiting and self._free:
+        free = self.slots.free
+        while self._waiting and free:
             self._admit(self._waiting.pop(), now)  # type: ignore[arg-type]
-        while self._waiting and not self._free and self._preempt(now):
+        while self._waiting and not free and self._preempt(now):
             self._admit(self._waiting.pop(), now)  # type: ignore[arg-type]
         if not self._running:
             return
@@ -471,9 +422,7 @@ class Engine:
             s.prefilled += n
             s.n_past += n
             if at >= 0 and not s.req.cancelled:
-                keep = self.prefixes.remember(s.req.prompt, t1)
-                if keep >= 0:
-                    m.seq_copy(s.slot, keep, len(s.req.prompt))
+                self.slots.prefilled(s.slot, s.req.prompt, t1)
                 self._emit_tokens(s, [m.sample(s.sampler, at)], t1)
         # decoding sequences: sample, verify drafts
         for s, i0, drafts in plan:
@@ -496,73 +445,6 @@ class Engine:
                     m.seq_remove(s.slot, s.n_past, -1)  # the rejected drafts' KV
             self.drafter.learn(looked.get(s.slot, ()), drafts, out)
             self._emit_tokens(s, out, t1)
-
-    def _slot_for(self, prompt: list[int]) -> int:
-        """The free slot a request takes: one that keeps the running slots as few runs of
-        consecutive ids as the lowest free slot would (llama.cpp decodes each run of a
-        batch as one more pass over the weights), and among those the one whose kept KV
-        shares most with the prompt, then the lowest."""
-        free = self._free
-        if len(free) == 1 or not self._kept:
-            return heapq.heappop(free)
-        taken = {s.slot for s in self._running}
-
-        def runs(extra: int) -> int:
-            ids = sorted(taken | {extra})
-            return 1 + sum(1 for a, b in itertools.pairwise(ids) if b != a + 1)
-
-        least = min(runs(x) for x in free)
-        kept = self._kept
-        slot = max(
-            (x for x in free if runs(x) == least),
-            key=lambda x: (common_prefix(kept[x], prompt) if x in kept else 0, -x),
-        )
-        free.remove(slot)
-        heapq.heapify(free)
-        return slot
-
-    def _reuse(self, slot: int, prompt: list[int], now: float) -> int:
-        """Give ``slot`` the longest cached beginning of ``prompt``: its own kept KV, a
-        copy of another free slot's or of a prefix slot's. Returns the tokens reused."""
-        m = self.model
-        n = len(prompt) - 1  # the last prompt token is decoded for its logits
-        own_tokens = self._kept.pop(slot, None)
-        own = min(n, common_prefix(own_tokens, prompt)) if own_tokens is not None else 0
-        other, other_n = -1, 0
-        for x, tokens in self._kept.items():
-            c = min(n, common_prefix(tokens, prompt))
-            if c > other_n:
-                other, other_n = x, c
-        source, prefix_n = self.prefixes.peek(prompt)
-        saved, saved_n = self.host.best(prompt) if self.host.max_bytes else (None, 0)
-        saved_n = min(n, saved_n)
-        if own_tokens is not None and own < len(own_tokens) and self.host.max_bytes:
-            self._save(slot, own_tokens, now)  # about to be cut: keep it in host memory
-        copied = max(other_n, prefix_n) - self.copy_tokens
-        restored = saved_n - self.restore_tokens if saved is not None else -1
-        if restored > own and restored >= copied and saved is not None:
-            if m.load_seq(slot, saved.data):
-                saved.used_at = now
-                m.seq_remove(slot, saved_n, -1)
-                self.stats.host_cache_hits += 1
-                return saved_n
-            log.warning("restoring %d saved prompt tokens failed; prefilling them", saved_n)
-            own_tokens, own = None, 0  # the failed load emptied the slot
-        if copied > own:
-            if prefix_n >= other_n:
-                self.prefixes.reuse(prompt, now)
-                m.seq_copy(source, slot, prefix_n)
-                return prefix_n
-            m.seq_copy(other, slot, other_n)
-            return other_n
-        if own_tokens is not None:
-            m.seq_remove(slot, own, -1)  # the kept tokens past the shared beginning
-        return own
-
-    def _save(self, slot: int, tokens: list[int], now: float) -> None:
-        if len(tokens) < 2 * self.host.min_tokens or self.host.holds(tokens):
-            return
-        self.host.put(tokens, self.model.save_seq(slot), now)
 
     def _drop_waiting(self, r: GenRequest) -> None:
         s = self._suspended.pop(r, None)
@@ -589,9 +471,7 @@ class Engine:
         self.suspended_bytes += len(data)
         s.saved = data
         self._running.remove(s)
-        m.seq_remove(s.slot)
-        self._kept.pop(s.slot, None)
-        heapq.heappush(self._free, s.slot)
+        self.slots.release(s.slot)
         self._waiting.ended(s.req.client)
         self._suspended[s.req] = s
         self._waiting.push(s.req, front=True)
@@ -601,16 +481,12 @@ class Engine:
     def _resume(self, s: Sequence, now: float) -> None:
         """A suspended sequence takes a free slot again, its KV restored from host memory."""
         m = self.model
-        slot = self._slot_for(s.history[: s.n_past])
-        kept = self._kept.pop(slot, None)
-        if kept is not None and self.host.max_bytes:
-            self._save(slot, kept, now)
+        slot = self.slots.take_empty(s.history[: s.n_past], {x.slot for x in self._running}, now)
         data, s.saved = s.saved, b""
         self.suspended_bytes -= len(data)
         if not m.load_seq(slot, data):
             log.error("restoring a suspended sequence's %d tokens failed", s.n_past)
-            m.seq_remove(slot)
-            heapq.heappush(self._free, slot)
+            self.slots.release(slot)
             m.free_sampler(s.sampler)
             self._count("error")
             s.req.emit(Event("", 0, "error", "the sequence could not be resumed after preemption"))
@@ -632,8 +508,8 @@ class Engine:
             log.error("a sampler could not be built: %s", exc)
             req.emit(Event("", 0, "error", f"the sampler could not be built: {exc}"))
             return
-        slot = self._slot_for(req.prompt)
-        reused = self._reuse(slot, req.prompt, now)
+        slot = self.slots.take(req.prompt, {x.slot for x in self._running})
+        reused = self.slots.start(slot, req.prompt, now)
         if req.penalties:
             for t in req.prompt:
                 m.accept(sampler, t)
@@ -648,37 +524,8 @@ class Engine:
 
     def _emit_tokens(self, s: Sequence, new: list[int], now: float) -> None:
         """Account ``new`` sampled tokens to ``s``: text out, finish on EOS, stop, length."""
-        m = self.model
         req = s.req
-        text = []
-        finish: str | None = None
-        used = 0
-        for t in new:
-            used += 1
-            s.generated += 1
-            if m.is_eog(t) and not req.ignore_eos:
-                finish = "stop"
-                break
-            s.push_history(t)
-            s.pending += s.dec.decode(m.piece(t))
-            if s.stop_len:
-                cut = min((i for i in (s.pending.find(x) for x in req.stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    text.append(s.pending[:cut])
-                    s.pending = ""
-                    finish = "stop"
-                    break
-                keep = held_back(s.pending, req.stop)
-                text.append(s.pending[: len(s.pending) - keep])
-                s.pending = s.pending[len(s.pending) - keep :]
-            else:
-                text.append(s.pending)
-                s.pending = ""
-            if s.generated >= req.max_tokens or s.n_past + 1 >= m.n_ctx_seq:
-                finish = "length"
-                break
-        s.last = new[used - 1]
-        out = "".join(text)
+        out, used, finish = s.take(new, self.model)
         st = self.stats
         st.output_tokens += used
         if s.first_at == 0.0:
@@ -693,9 +540,6 @@ class Engine:
             if out or used:
                 req.emit(Event(out, used))
             return
-        if finish == "length":
-            out += s.pending + s.dec.decode(b"", final=True)
-            s.pending = ""
         if out:
             req.emit(Event(out, used))
             used = 0
@@ -707,14 +551,11 @@ class Engine:
         m = self.model
         self._running.remove(s)
         self._waiting.ended(s.req.client)
-        if reason == "error" or not self.reuse_slots:  # (on error, the step's KV writes are void)
-            m.seq_remove(s.slot)
-        else:  # kept for a prompt that begins the same way
-            self._kept[s.slot] = s.history[: s.n_past]
+        # kept for a prompt that begins the same way (on error, the step's KV writes are void)
+        self.slots.release(s.slot, None if reason == "error" else s.history[: s.n_past])
         if reason != "error":
             self.drafter.memory.add(s.req.prompt, s.history[len(s.req.prompt) :])
         m.free_sampler(s.sampler)
-        heapq.heappush(self._free, s.slot)
         req = s.req
         st = self.stats
         self._count(reason)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from milliserve.llm.token_model import TokenModel
+
 __all__ = ["Event", "GenRequest", "Sequence", "held_back", "longest_match"]
 
 # prompt lookup: the most earlier occurrences of a token weighed per draft (the latest), and
@@ -108,6 +110,46 @@ class Sequence:
     def push_history(self, token: int) -> None:
         self.index.setdefault(token, []).append(len(self.history))
         self.history.append(token)
+
+    def take(self, new: list[int], model: TokenModel) -> tuple[str, int, str | None]:
+        """Account sampled tokens ``new`` (a token, then the drafts accepted with it): the
+        text they add that may go out now (an end that could begin a stop string is held
+        back), how many of them were used, and why the sequence ends, if it does: "stop"
+        (EOS or a stop string) or "length" (``max_tokens``, or the context is full; the text
+        held back goes out then)."""
+        req = self.req
+        text: list[str] = []
+        finish: str | None = None
+        used = 0
+        for t in new:
+            used += 1
+            self.generated += 1
+            if model.is_eog(t) and not req.ignore_eos:
+                finish = "stop"
+                break
+            self.push_history(t)
+            self.pending += self.dec.decode(model.piece(t))
+            if self.stop_len:
+                cut = min((i for i in (self.pending.find(x) for x in req.stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    text.append(self.pending[:cut])
+                    self.pending = ""
+                    finish = "stop"
+                    break
+                keep = held_back(self.pending, req.stop)
+                text.append(self.pending[: len(self.pending) - keep])
+                self.pending = self.pending[len(self.pending) - keep :]
+            else:
+                text.append(self.pending)
+                self.pending = ""
+            if self.generated >= req.max_tokens or self.n_past + 1 >= model.n_ctx_seq:
+                finish = "length"
+                break
+        self.last = new[used - 1]
+        if finish == "length":
+            text.append(self.pending + self.dec.decode(b"", final=True))
+            self.pending = ""
+        return "".join(text), used, finish
 
     def room(self, want: int, n_ctx: int) -> int:
         """How many of ``want`` drafted tokens this sequence has room for: its output's
