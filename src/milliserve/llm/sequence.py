@@ -115,17 +115,19 @@ class Sequence:
         """Account sampled tokens ``new`` (a token, then the drafts accepted with it): the
         text they add that may go out now (an end that could begin a stop string is held
         back), how many of them were used, and why the sequence ends, if it does: "stop"
-        (EOS or a stop string) or "length" (``max_tokens``, or the context is full; the text
-        held back goes out then)."""
+        (EOS or a stop string) or "length" (``max_tokens``, or the context is full). Unless a
+        stop string ends it, the text held back goes out at the end: an answer that ended on
+        EOS after a line break, with a blank line as its stop string, had lost that break."""
         req = self.req
         text: list[str] = []
         finish: str | None = None
+        flush = False
         used = 0
         for t in new:
             used += 1
             self.generated += 1
             if model.is_eog(t) and not req.ignore_eos:
-                finish = "stop"
+                finish, flush = "stop", True
                 break
             self.push_history(t)
             self.pending += self.dec.decode(model.piece(t))
@@ -143,10 +145,10 @@ class Sequence:
                 text.append(self.pending)
                 self.pending = ""
             if self.generated >= req.max_tokens or self.n_past + 1 >= model.n_ctx_seq:
-                finish = "length"
+                finish, flush = "length", True
                 break
         self.last = new[used - 1]
-        if finish == "length":
+        if flush:
             text.append(self.pending + self.dec.decode(b"", final=True))
             self.pending = ""
         return "".join(text), used, finish
