@@ -58,7 +58,9 @@ def _post(server: ServerProcess, body: dict[str, Any], path: str = "/v1/chat/com
         f"http://{server.http_url}{path}", data=json.dumps(body).encode(), method="POST"
     )
     try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
+        # 300 s, as the threads' joins: under two CPU burners a 200-token answer on a new
+        # server took over 120 s (steps of two threads stalled for 1-3 s)
+        with urllib.request.urlopen(req, timeout=300) as resp:
             return resp.status, json.load(resp)
     except urllib.error.HTTPError as err:
         return err.code, json.load(err)

@@ -10,6 +10,7 @@ not depend on this machine's load."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from milliserve.llm.drafts import Acceptance
@@ -328,3 +329,45 @@ def test_drafts_wait_while_a_prompt_is_prefilled_beside_them() -> None:
         engine._step()
     assert engine.stats.draft_tokens > drafted, "drafting resumes once the prompt is in"
     assert not done.is_set()
+
+
+class ContendedModel(ScriptedModel):
+    """Two threads configured, and a one-token step on two threads takes 40 ms where one
+    thread takes 2 ms: a machine whose other work leaves one core free (two spinning
+    threads waited for a descheduled one at every barrier)."""
+
+    threads = (2, 2)
+
+    def __init__(self, script: list[int]) -> None:
+        super().__init__(script)
+        self.n = 2
+        self.steps: list[tuple[int, int]] = []  # (tokens, threads) of each decode
+
+    def set_threads(self, n: int, n_batch: int) -> None:
+        self.n = n
+
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[int], logits: list[bool]) -> bool:
+        self.steps.append((len(tokens), self.n))
+        time.sleep(0.04 if self.n == 2 else 0.002)
+        return super().decode(tokens, pos, seqs, logits)
+
+
+def test_the_warmup_measures_both_thread_counts_and_the_first_request_runs_on_the_faster() -> None:
+    """The warm-up's one-token steps take turns on two threads and one: a request's very
+    first steps run on the count that measured faster. (Its one-token steps used to start
+    on the config's count, the other tried every 4th step until each had 3 steps.)"""
+    prompt = [1, 2, *PASSAGE[:10]]
+    model = ContendedModel(prompt + PASSAGE[10:])
+    engine = Engine(model, 2, 256)
+    engine.start().result(timeout=60)
+    try:
+        warm = len(model.steps)
+        assert [n for t, n in model.steps[:warm] if t == 1] == [2, 1, 2, 1, 2, 1]
+        assert engine.threads_one.chosen(1) == 1
+        assert engine.costs.step(1) < 0.02  # seeded from the count that runs
+        got = _request(engine, prompt, 12)
+        assert got[-1].finish == "length"
+        ones = [n for t, n in model.steps[warm:] if t == 1]
+        assert len(ones) >= 10 and set(ones) == {1}, ones
+    finally:
+        engine.close()
