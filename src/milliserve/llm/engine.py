@@ -236,10 +236,10 @@ class Engine:
         # the first decode pages the weights in (untimed); the timed prompt comes after
         m.decode(prompt, list(range(32)), [slot] * 32, [False] * 31 + [True])
         choice = self.threads_one
-        counts = dict.fromkeys((choice.default, choice.other))
+        counts = list(dict.fromkeys((choice.default, choice.other)))  # one where both are 1
         times: dict[int, list[float]] = {n: [] for n in counts}
         for i in range(3 * len(counts)):
-            n = list(counts)[i % len(counts)]
+            n = counts[i % len(counts)]
             m.set_threads(n, n)
             t0 = time.perf_counter()
             m.decode([1], [32 + i], [slot], [True])

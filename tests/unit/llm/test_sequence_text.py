@@ -41,7 +41,6 @@ def _text(
     """The text of a sequence that is given ``tokens`` a step at a time, and its finish."""
     req = GenRequest([1], max_tokens, None, lambda ev: None, stop=stop)
     s = Sequence(req, 0, None, 0, 0.0)
-    s.prefilled = 1
     out, finish = "", None
     model: Any = PieceModel()
     for new in tokens:
