@@ -344,10 +344,9 @@ class Engine:
             for r in self._waiting.take_cancelled():
                 self._drop_waiting(r)
         # admission: priority, then fairness (llm/admission.py); preemption makes room
-        free = self.slots.free
-        while self._waiting and free:
+        while self._waiting and self.slots.free:
             self._admit(self._waiting.pop(), now)  # type: ignore[arg-type]
-        while self._waiting and not free and self._preempt(now):
+        while self._waiting and not self.slots.free and self._preempt(now):
             self._admit(self._waiting.pop(), now)  # type: ignore[arg-type]
         if not self._running:
             return
@@ -501,7 +500,7 @@ class Engine:
     def _resume(self, s: Sequence, now: float) -> None:
         """A suspended sequence takes a free slot again, its KV restored from host memory."""
         m = self.model
-        slot = self.slots.take_empty(s.history[: s.n_past], {x.slot for x in self._running}, now)
+        slot = self.slots.take_empty(s.history[: s.n_past], self._running, now)
         data, s.saved = s.saved, b""
         self.suspended_bytes -= len(data)
         if not m.load_seq(slot, data):
@@ -528,7 +527,7 @@ class Engine:
             log.error("a sampler could not be built: %s", exc)
             req.emit(Event("", 0, "error", f"the sampler could not be built: {exc}"))
             return
-        slot = self.slots.take(req.prompt, {x.slot for x in self._running})
+        slot = self.slots.take(req.prompt, self._running)
         reused = self.slots.start(slot, req.prompt, now)
         if req.penalties:
             for t in req.prompt:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+from collections.abc import Iterable
 
 from milliserve.llm.prefix import HostCache, PrefixCache, common_prefix
+from milliserve.llm.sequence import Sequence
 from milliserve.llm.token_model import TokenModel
 from milliserve.runtime.stats import GenerationStats
 
@@ -57,14 +59,15 @@ class Slots:
         kept = max((common_prefix(t, prompt) for t in list(self.kept.values())), default=0)
         return max(0, min(n, max(kept, self.prefixes.hit(prompt))))
 
-    def take(self, prompt: list[int], taken: set[int]) -> int:
-        """The free slot a sequence takes (``taken``: the running ones' slots): one that keeps
+    def take(self, prompt: list[int], running: Iterable[Sequence]) -> int:
+        """The free slot a sequence takes, beside the ``running`` ones: one that keeps
         the running slots as few runs of consecutive ids as the lowest free slot would
         (llama.cpp decodes each run of a batch as one more pass over the weights), and among
         those the one whose kept KV shares most with ``prompt``, then the lowest."""
         free = self.free
         if len(free) == 1 or not self.kept:
             return heapq.heappop(free)
+        taken = {s.slot for s in running}
 
         def runs(extra: int) -> int:
             ids = sorted(taken | {extra})
@@ -119,10 +122,10 @@ class Slots:
             m.seq_remove(slot, own, -1)  # the kept tokens past the shared beginning
         return own
 
-    def take_empty(self, tokens: list[int], taken: set[int], now: float) -> int:
+    def take_empty(self, tokens: list[int], running: Iterable[Sequence], now: float) -> int:
         """A free slot for a suspended sequence of ``tokens`` to be restored into: what it
         kept goes to host memory (when there is one) and is dropped."""
-        slot = self.take(tokens, taken)
+        slot = self.take(tokens, running)
         kept = self.kept.pop(slot, None)
         if kept is not None and self.host.max_bytes:
             self.save(slot, kept, now)
