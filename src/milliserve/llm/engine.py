@@ -262,11 +262,20 @@ class Engine:
         m.seq_remove(slot)
 
     def _draft_room(self, decoding: int) -> int:
-        """Draft tokens one step may verify: as many as keep it within 80% of the ITL target
-        (``budget.itl_ms``, else DEFAULT_ITL_S), at the learned cost of a token in a batch.
+        """Draft tokens one step of ``decoding`` sequences may verify: as many as keep it,
+        at the learned step costs, within 80% of the ITL target (``budget.itl_ms``, else
+        DEFAULT_ITL_S), or within the whole target where one sequence decodes (a step that
+        runs over then delays only that sequence's own tokens, and no other stream's).
         Unbounded, two sequences drafting 10 tokens each made 64 ms steps here, and every
-        chunk gap of an open-loop run at half capacity was over a 60 ms ITL objective."""
-        return int(self._step_room_s(decoding) / max(self.costs.draft_token_s, 1e-6))
+        chunk gap of an open-loop run at half capacity was over a 60 ms ITL objective. The
+        room was a cost per draft times a count; the first draft costs most (a one-token
+        step 17 ms, two tokens 30, three 40), so a cost learned from one-draft steps left
+        room for one draft where two fit."""
+        limit = self._itl_target_s() * (1.0 if decoding == 1 else 0.8)
+        room, most = 0, self.drafter.draft_tokens * decoding
+        while room < most and self.costs.step(decoding + room + 1) <= limit:
+            room += 1
+        return room
 
     def _itl_target_s(self) -> float:
         """The ITL target: ``budget.itl_ms``, else DEFAULT_ITL_S."""

@@ -192,6 +192,25 @@ def test_drafts_are_verified_where_they_pay_not_one_at_a_time() -> None:
     assert engine.costs.drafts_worth([0.6] * 10, 1.0, 1) == 0
 
 
+def test_the_draft_room_follows_the_step_costs_and_one_stream_may_use_the_whole_target() -> None:
+    """Measured steps here (flash attention off): one token 17 ms, two 30, three 40, four 52.
+    A cost per draft learned from one-draft steps (13 ms) left room for one draft within
+    80% of the 50 ms target where the costs say two fit the whole of it. With one sequence
+    decoding, a step that runs over delays only its own tokens: it may use the whole target;
+    beside others, 80% of it."""
+    engine = Engine(ScriptedModel([]), 8, 256, draft_tokens=10, speculate_below=3)
+    _pin_costs(engine)
+    engine.costs._decode = {1: 0.017, 2: 0.030, 3: 0.040, 4: 0.052, 8: 0.070}
+    engine.costs.draft_token_s = 0.013
+    assert engine._draft_room(1) == 2  # step(3) = 40 ms <= 50, step(4) = 52 > 50
+    assert engine._draft_room(2) == 1  # step(3) = 40 ms <= 0.8 x 50, step(4) over it
+    engine.itl_budget_s = 0.075  # budget.itl_ms; past 8 tokens, the slope of 4 to 8 (4.5 ms)
+    assert engine._draft_room(1) == 8  # step(9) = 74.5 ms <= 75
+    assert engine._draft_room(2) == 3  # 0.8 x 75 = 60 ms: step(5) = 56.5, step(6) = 61
+    engine.itl_budget_s = 1.0
+    assert engine._draft_room(1) == 10  # never more than draft_tokens a sequence
+
+
 def test_a_prompt_chunk_beside_decoding_streams_keeps_their_steps_near_the_itl_target() -> None:
     """A prompt chunk's floor of 16 tokens beside 7 decoding streams (36 ms) made 99 ms
     steps: every stream's ITL objective missed while the prompt's first token came late all
