@@ -50,7 +50,10 @@ Config ``parameters`` understood here (string values):
                          higher priority level) or ``off``
 ``priority_levels``      priority levels of requests (default 2: ``priority: 1`` first)
 ``default_priority_level`` the level of a request that names none (default: the last)
-``flash_attn``           ``auto`` (llama.cpp decides; default), ``on`` or ``off``
+``flash_attn``           ``auto`` (llama.cpp decides: on for the CPU; default), ``on`` or
+                         ``off``. Off decoded faster here once sequences held a few hundred
+                         tokens, but a token's logits then depend on how many tokens share
+                         its step: greedy answers change with speculation and batching
 ``extra_buffers``        llama.cpp's extra weight buffers (repacked and AMX kernels): ``on``,
                          ``off``, or ``auto`` (default): off where the CPU advertises AMX,
                          whose kernels fault in VMs that do not hand AMX state to the guest
