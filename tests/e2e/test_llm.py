@@ -39,7 +39,7 @@ def _post(server: ServerProcess, path: str, body: Any, raw: bytes | None = None)
     data = raw if raw is not None else json.dumps(body).encode()
     req = urllib.request.Request(f"http://{server.http_url}{path}", data=data, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
+        with urllib.request.urlopen(req, timeout=300) as resp:
             return resp.status, json.load(resp)
     except urllib.error.HTTPError as err:
         return err.code, json.load(err)
