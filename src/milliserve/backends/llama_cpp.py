@@ -54,6 +54,11 @@ Config ``parameters`` understood here (string values):
                          ``off``. Off decoded faster here once sequences held a few hundred
                          tokens, but a token's logits then depend on how many tokens share
                          its step: greedy answers change with speculation and batching
+``cache_type_k``,        the KV cache's element type, keys and values: ``f16`` (default),
+``cache_type_v``         ``bf16``, ``f32``, ``q8_0``, ``q5_1``, ``q5_0``, ``q4_1``, ``q4_0`` or
+                         ``iq4_nl`` (llama.cpp's ``-ctk``/``-ctv``). A quantized value cache
+                         needs flash attention. ``q8_0`` halves the cache and, with flash
+                         attention, made decoding faster here (docs/design.md)
 ``extra_buffers``        llama.cpp's extra weight buffers (repacked and AMX kernels): ``on``,
                          ``off``, or ``auto`` (default): off where the CPU advertises AMX,
                          whose kernels fault in VMs that do not hand AMX state to the guest
@@ -110,6 +115,8 @@ KNOWN_PARAMETERS = frozenset(
         "priority_levels",
         "default_priority_level",
         "flash_attn",
+        "cache_type_k",
+        "cache_type_v",
         "extra_buffers",
     }
 )
@@ -117,6 +124,18 @@ KNOWN_PARAMETERS = frozenset(
 _LOG_WARN = 3
 # what llama.cpp logs when a step is interrupted on purpose (LlamaModel.interrupt)
 _ABORTED = (b"with error 1", b"compute status: 1", b"ret = 2", b"removing memory module")
+# ggml's type ids of the KV cache types llama.cpp accepts (llama-server's -ctk/-ctv)
+_GGML_TYPES = {
+    "f16": 1,
+    "bf16": 30,
+    "f32": 0,
+    "q8_0": 8,
+    "q5_1": 7,
+    "q5_0": 6,
+    "q4_1": 3,
+    "q4_0": 2,
+    "iq4_nl": 20,
+}
 _init_lock = threading.Lock()
 _initialised: dict[str, Any] = {}
 
@@ -172,6 +191,8 @@ class LlmOptions:
     priority_levels: int = 2
     default_priority_level: int = 2
     flash_attn: str = "auto"
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
     extra_buffers: bool = True
 
 
@@ -211,6 +232,14 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
     spec = params.get("speculative", "ngram").strip()
     levels = whole("priority_levels", 2, 1, 64)
     draft_tokens = whole("draft_tokens", 10, 1, 64)
+    flash_attn = _choice(params, "flash_attn", ("auto", "on", "off"), "auto")
+    kv_types = tuple(_GGML_TYPES)
+    cache_type_v = _choice(params, "cache_type_v", kv_types, "f16")
+    if flash_attn == "off" and cache_type_v not in ("f16", "bf16", "f32"):
+        raise ConfigError(
+            f"field 'parameters.cache_type_v': {cache_type_v!r} needs flash attention "
+            "(flash_attn 'on' or 'auto')"
+        )
     return LlmOptions(
         n_threads=whole("n_threads", min(cores, 4), 1, 256),
         n_threads_batch=whole("n_threads_batch", min(cores, 4), 1, 256),
@@ -231,7 +260,9 @@ def parse_llm_options(config: ModelConfig) -> LlmOptions:
         preemption=_choice(params, "preemption", ("fair", "priority", "off"), "fair"),
         priority_levels=levels,
         default_priority_level=whole("default_priority_level", levels, 1, levels),
-        flash_attn=_choice(params, "flash_attn", ("auto", "on", "off"), "auto"),
+        flash_attn=flash_attn,
+        cache_type_k=_choice(params, "cache_type_k", kv_types, "f16"),
+        cache_type_v=cache_type_v,
         extra_buffers={"on": True, "off": False, "auto": not _cpu_has_amx()}[
             _choice(params, "extra_buffers", ("auto", "on", "off"), "auto")
         ],
@@ -326,6 +357,8 @@ class LlamaModel:
         cp.n_threads_batch = options.n_threads_batch
         cp.kv_unified = options.kv_unified
         cp.flash_attn_type = {"auto": -1, "off": 0, "on": 1}[options.flash_attn]
+        cp.type_k = _GGML_TYPES[options.cache_type_k]
+        cp.type_v = _GGML_TYPES[options.cache_type_v]
         cp.no_perf = True
         ctx = C.llama_init_from_model(model, cp)
         if not ctx:
