@@ -544,6 +544,12 @@ def main() -> None:
     ap.add_argument("--sweep-seconds", type=float, default=8.0)
     ap.add_argument("--pairs", type=int, default=16, help="speculation: on/off pairs at 8 streams")
     ap.add_argument("--pair-seconds", type=float, default=10.0, help="speculation: measured seconds of each")
+    ap.add_argument(
+        "--cache-type",
+        default="q8_0",
+        help="milliserve's KV cache type (cache_type_k and cache_type_v; f16: its default); "
+        "llama-server's sweeps try it too (-ctk/-ctv)",
+    )
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama_cpp.server row")
     ap.add_argument("--quick", action="store_true", help="structured/priority: a short check, no section")
     args = ap.parse_args()
@@ -554,12 +560,16 @@ def main() -> None:
     parts = set(args.parts.split(","))
     work = Path(tempfile.mkdtemp(prefix="ms-llm-bench-"))
     cores = len(os.sched_getaffinity(0))
-    repo = write_repo(work / "repo", gguf, "smollm2", {"n_ctx": "2048"})
+    ct = args.cache_type
+    base = {"n_ctx": "2048", **({} if ct == "f16" else {"cache_type_k": ct, "cache_type_v": ct})}
+    repo = write_repo(work / "repo", gguf, "smollm2", base)
     where = (
         f"Commit {commit()}; {platform.processor() or platform.machine()}, {cores} vCPU shared by the "
         f"servers and the client; Python {platform.python_version()}; milliserve at its defaults "
         f"(threads: the cores, one thread where that measures faster; 8 sequences)"
+        + ("" if ct == "f16" else f" but for a {ct} KV cache (`cache_type_k`, `cache_type_v`)")
     )
+    attention = attention_flags(ct)
     if "structured" in parts:
         rounds, secs = (1, 3.0) if args.quick else (args.rounds, args.duration)
         text = structured_part(repo, rounds, secs, where)
@@ -569,7 +579,7 @@ def main() -> None:
         print(text) if args.quick else write_section("llm-priority", text)
     if "peers" in parts:
         sweep_opts: list[tuple[int, int, tuple[str, ...]]] = [
-            (t, n, f) for t in (2, 1) for n in (8, 16) for f in ((), ("-fa", "off"))
+            (t, n, f) for t in (2, 1) for n in (8, 16) for f in attention
         ]
         peer, tried = sweep(gguf, sweep_opts, 8, lambda r: chats(len(CHATS), r), args.sweep_seconds)
         second = None if args.no_llama_cpp_python else Peer(gguf, 1, cores, 2048)
@@ -620,7 +630,7 @@ def main() -> None:
             "of each round's pair, which ran side by side): " + "; ".join(ratios) + ".\n",
         )
     if "speculation" in parts:
-        ls_spec, tried, ls_plain = speculation_peers(gguf, grounded, args.sweep_seconds)
+        ls_spec, tried, ls_plain = speculation_peers(gguf, grounded, args.sweep_seconds, attention)
         try:
             with ServerProcess(repo) as ours:
                 url = f"http://{ours.http_url}"
@@ -676,7 +686,7 @@ def main() -> None:
             work / "repo_budget",
             gguf,
             "smollm2",
-            {"n_ctx": "2048"},
+            base,
             f"budget {{ ttft_ms: {slo[0]:g} itl_ms: {slo[1]:g} }}",
         )
         arrivals = args.open_arrivals or math.ceil(1.2 * MIN_REQUESTS / args.rounds)
@@ -686,7 +696,7 @@ def main() -> None:
             work / "repo_off",
             gguf,
             "smollm2",
-            {"n_ctx": "2048", "prefix_cache_slots": "0", "prompt_cache_mib": "0", "reuse_slots": "false"},
+            {**base, "prefix_cache_slots": "0", "prompt_cache_mib": "0", "reuse_slots": "false"},
         )
         ls = LlamaServer(gguf, free_port(), 2, 8, 2048)
         try:
@@ -711,12 +721,21 @@ def main() -> None:
         )
 
 
-def speculation_peers(gguf: Path, prompts: Any, seconds: float) -> tuple[LlamaServer, str, LlamaServer]:
-    """llama-server at its fastest n-gram ``--spec-type`` and flash-attention setting at 1
-    stream on ``prompts``, and without speculation at its faster flash-attention setting
-    (both swept; with a line saying what was tried). ``-fa off`` was 1.2x faster here at one
-    stream with speculation, though its greedy answers then depend on the batch."""
-    fa = (("-fa", "on"), ("-fa", "off"))
+def attention_flags(cache_type: str) -> tuple[tuple[str, ...], ...]:
+    """llama-server's attention settings a sweep tries: flash attention on (its default on
+    the CPU) and off (1.2x faster here at one stream with speculation, though its greedy
+    answers then depend on the batch), and on with ``cache_type`` keys and values, as
+    milliserve's (a quantized value cache needs flash attention)."""
+    kv = () if cache_type == "f16" else (("-fa", "on", "-ctk", cache_type, "-ctv", cache_type),)
+    return (("-fa", "on"), ("-fa", "off"), *kv)
+
+
+def speculation_peers(
+    gguf: Path, prompts: Any, seconds: float, fa: tuple[tuple[str, ...], ...]
+) -> tuple[LlamaServer, str, LlamaServer]:
+    """llama-server at its fastest n-gram ``--spec-type`` and attention setting (``fa``:
+    ``attention_flags``) at 1 stream on ``prompts``, and without speculation at its fastest
+    attention setting (both swept; with a line saying what was tried)."""
     options: list[tuple[int, int, tuple[str, ...]]] = [
         (2, 8, ("--spec-type", t, *f))
         for t in ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
@@ -747,7 +766,7 @@ def fresh_part(gguf: Path, repo: Path, args: argparse.Namespace, where: str) -> 
     milliserve runs as two servers (speculation on, off), so that neither finds a text in
     its prefix cache that the other row's requests put there."""
     secs = max(args.sweep_seconds, 20.0)  # a fresh text's prompt costs about 0.4 s here
-    ls_spec, tried, ls_plain = speculation_peers(gguf, fresh_grounded, secs)
+    ls_spec, tried, ls_plain = speculation_peers(gguf, fresh_grounded, secs, attention_flags(args.cache_type))
     try:
         with ServerProcess(repo) as on, ServerProcess(repo) as off:
             servers = speculation_rows(f"http://{on.http_url}", ls_spec, f"http://{off.http_url}", ls_plain)
