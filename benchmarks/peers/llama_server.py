@@ -59,7 +59,7 @@ def cpu_has_amx() -> bool:
     """llama.cpp's repacked (AMX) kernels fault in VMs that advertise AMX without handing
     its state to the guest; both servers then run without them (``-nr`` here,
     ``extra_buffers`` auto on milliserve's side)."""
-    from milliserve.backends.llama_cpp import _cpu_has_amx
+    from milliserve.backends.llama_options import _cpu_has_amx
 
     return _cpu_has_amx()
 
