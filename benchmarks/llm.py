@@ -11,7 +11,8 @@ Its parts, each written into its own section of docs/benchmarks.md:
 
 - ``llm-peers``: 1 and 8 concurrent streaming chats, closed loops, rounds interleaved
   (the servers' order rotates): TTFT, ITL, end-to-end p50/p99, aggregate output
-  tokens/s. llama-server runs at its best settings, swept first (``-t`` 1/2, ``-np``).
+  tokens/s. llama-server runs at its best settings, swept first (``-t`` 1/2, ``-np``
+  8/16, attention).
 - ``llm-speculation``: grounded prompts (summarise/extract/rewrite a quoted text) at 1 and
   8 streams: milliserve with prompt-lookup speculation on and off, llama-server with its
   best n-gram ``--spec-type`` (swept) and without; then milliserve on against off at 8
@@ -20,10 +21,15 @@ Its parts, each written into its own section of docs/benchmarks.md:
 - ``llm-speculation-fresh``: the same tasks at 1 stream over texts new to every server, so
   that no answer repeats.
 - ``llm-prefix-cache``: TTFT of 8 chats sharing a long system prompt: milliserve with and
-  without its prefix cache, llama-server with its prompt cache.
+  without its prefix cache, llama-server with its prompt cache (its attention setting
+  swept for the lowest TTFT p99 on these bursts).
 - ``llm-open-loop``: Poisson arrivals at 50/70/90% of llama-server's capacity, goodput
   against TTFT <= 500 ms and per-request ITL p99 <= 60 ms; milliserve at its defaults and
-  with ``budget`` set to that SLO (it refuses, 429, what its estimate says would be late).
+  with ``budget`` set to that SLO (it refuses, 429, what its estimate says would be late);
+  llama-server at the settings ``llm-peers``'s sweep chooses (swept once when both run).
+
+Every llama-server sweep also tries ``-fa off`` and the KV cache type milliserve runs with
+(``--cache-type``).
 - ``llm-structured`` and ``llm-priority`` (``--parts structured,priority``, not in the
   default parts): what a JSON schema costs in tokens/s, and a ``priority: 1`` request's
   TTFT under 8 background streams against an idle server (benchmarks/llm_features.py).
@@ -408,18 +414,21 @@ def prefix_bursts(rounds: int) -> int:
     return -(-MIN_REQUESTS // (8 * rounds))
 
 
-async def prefix_part(targets: list[tuple[str, str]], rounds: int) -> dict[str, dict[str, float]]:
+async def prefix_part(
+    targets: list[tuple[str, str]], rounds: int, bursts: int = 0
+) -> dict[str, dict[str, float]]:
     got: dict[str, list[Level]] = {}
+    bursts = bursts or prefix_bursts(rounds)
     for r in range(rounds):
         for name, url in targets[r % len(targets) :] + targets[: r % len(targets)]:
             # one chat first (it fills the caches), then bursts of 8 at once, each question new
             warm = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Hello! ({r})"}]]
             await run_level(url, "smollm2", warm, 4, {})
-            for b in range(prefix_bursts(rounds)):
+            for b in range(bursts):
                 asks = [f"{c} (question {r}.{b})" for c in CHATS]
                 msgs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": a}] for a in asks]
                 got.setdefault(name, []).append(await run_level(url, "smollm2", msgs, 16, {}))
-            ttft = [t for lv in got[name][-prefix_bursts(rounds) :] for t in lv.ttft]
+            ttft = [t for lv in got[name][-bursts:] for t in lv.ttft]
             p99 = sorted(ttft)[int(0.99 * (len(ttft) - 1))]
             print(f"round {r} {name}: TTFT p99 {p99 * 1e3:.0f} ms", flush=True)
     return {k: summary(v) for k, v in got.items()}
@@ -494,30 +503,57 @@ def sweep(
     prompts: Any,
     seconds: float,
     passes: int = 2,
+    measure: Any = None,
 ) -> tuple[LlamaServer, str]:
     """Start llama-server with each (threads, slots, flags), measure ``streams`` closed
     loops for ``seconds``, ``passes`` times with the order reversed each pass (one 8 s pass
     at one stream is a dozen requests, and this VM's speed moves more than the options
     differ: one pass ranked ngram-map-k first, the run before ngram-cache), and keep the
-    fastest on the mean of its passes running; returns it and a line saying what was tried."""
-    rates: dict[tuple[int, int, tuple[str, ...]], list[float]] = {o: [] for o in options}
+    fastest on the mean of its passes running; returns it and a line saying what was tried.
+    ``measure(url) -> (score, shown)``, where given, replaces the closed loop: the highest
+    score wins, and ``shown`` is what the line says of it."""
+
+    def closed(url: str) -> tuple[float, float]:
+        lv = asyncio.run(run_level(url, "smollm2", prompts(0), 128, {}, seconds, 2.0, streams))
+        return lv.counted / lv.wall, lv.counted / lv.wall
+
+    rates: dict[tuple[int, int, tuple[str, ...]], list[tuple[float, float]]] = {o: [] for o in options}
     for k in range(passes):
         for t, np_, flags in options if k % 2 == 0 else options[::-1]:
             srv = LlamaServer(gguf, free_port(), t, np_, 2048, *flags)
             try:
-                lv = asyncio.run(run_level(srv.url, "smollm2", prompts(0), 128, {}, seconds, 2.0, streams))
+                got = (measure or closed)(srv.url)
             finally:
                 srv.stop()
-            rates[(t, np_, flags)].append(lv.counted / lv.wall)
-            rate = rates[(t, np_, flags)][-1]
-            print(f"sweep llama-server -t {t} -np {np_} {' '.join(flags)}: {rate:.1f} tok/s", flush=True)
-    mean = {o: statistics.mean(r) for o, r in rates.items()}
+            rates[(t, np_, flags)].append(got)
+            print(f"sweep llama-server -t {t} -np {np_} {' '.join(flags)}: {got[1]:.1f}", flush=True)
+    mean = {o: statistics.mean(g[0] for g in r) for o, r in rates.items()}
+    shown = {o: statistics.mean(g[1] for g in r) for o, r in rates.items()}
     tried = [
-        f"`-t {t} -np {np_}{' ' + ' '.join(flags) if flags else ''}` {mean[(t, np_, flags)]:.0f}"
+        f"`-t {t} -np {np_}{' ' + ' '.join(flags) if flags else ''}` {shown[(t, np_, flags)]:.0f}"
         for t, np_, flags in options
     ]
     t, np_, flags = max(options, key=lambda o: mean[o])
     return LlamaServer(gguf, free_port(), t, np_, 2048, *flags), ", ".join(tried)
+
+
+def peer_sweep(gguf: Path, attention: tuple[tuple[str, ...], ...], seconds: float) -> tuple[LlamaServer, str]:
+    """llama-server at its fastest ``-t``/``-np``/attention setting for 8 streams of chats
+    (``llm-peers`` and ``llm-open-loop`` both compare against it)."""
+    options = [(t, n, f) for t in (2, 1) for n in (8, 16) for f in attention]
+    return sweep(gguf, options, 8, lambda r: chats(len(CHATS), r), seconds)
+
+
+def prefix_sweep(gguf: Path, attention: tuple[tuple[str, ...], ...]) -> tuple[LlamaServer, str]:
+    """llama-server at its lowest TTFT p99 on ``prefix_part``'s bursts (one round's worth:
+    a warming chat, then 5 bursts of 8), over the attention settings; ``-t 2 -np 8`` (one
+    slot a chat of the burst, each with its own prompt cache)."""
+
+    def ttft(url: str) -> tuple[float, float]:
+        p99 = asyncio.run(prefix_part([("x", url)], 1, bursts=prefix_bursts(5)))["x"]["ttft_p99"]
+        return -p99, p99
+
+    return sweep(gguf, [(2, 8, f) for f in attention], 8, None, 0.0, measure=ttft)
 
 
 def _flags(srv: LlamaServer) -> str:
@@ -577,11 +613,16 @@ def main() -> None:
     if "priority" in parts:
         text = priority_part(write_repo, work, gguf, 5 if args.quick else 200, 1 if args.quick else 3, where)
         print(text) if args.quick else write_section("llm-priority", text)
+    swept: list[tuple[LlamaServer, str]] = []  # peer_sweep's, once for the parts that need it
+
+    def best_at_eight() -> tuple[LlamaServer, str]:
+        if not swept:
+            swept.append(peer_sweep(gguf, attention, args.sweep_seconds))
+            return swept[0]
+        return swept[0][0].again(), swept[0][1]
+
     if "peers" in parts:
-        sweep_opts: list[tuple[int, int, tuple[str, ...]]] = [
-            (t, n, f) for t in (2, 1) for n in (8, 16) for f in attention
-        ]
-        peer, tried = sweep(gguf, sweep_opts, 8, lambda r: chats(len(CHATS), r), args.sweep_seconds)
+        peer, tried = best_at_eight()
         second = None if args.no_llama_cpp_python else Peer(gguf, 1, cores, 2048)
         try:
             with ServerProcess(repo) as ours:
@@ -690,7 +731,8 @@ def main() -> None:
             f"budget {{ ttft_ms: {slo[0]:g} itl_ms: {slo[1]:g} }}",
         )
         arrivals = args.open_arrivals or math.ceil(1.2 * MIN_REQUESTS / args.rounds)
-        open_loop_part(gguf, repo, budgeted, args.rounds, args.open_seconds, arrivals, slo, where)
+        ls, tried = best_at_eight()
+        open_loop_part(ls, tried, repo, budgeted, args.rounds, args.open_seconds, arrivals, slo, where)
     if "prefix" in parts:
         repo_off = write_repo(
             work / "repo_off",
@@ -698,7 +740,7 @@ def main() -> None:
             "smollm2",
             {**base, "prefix_cache_slots": "0", "prompt_cache_mib": "0", "reuse_slots": "false"},
         )
-        ls = LlamaServer(gguf, free_port(), 2, 8, 2048)
+        ls, tried = prefix_sweep(gguf, attention)
         try:
             with ServerProcess(repo) as on, ServerProcess(repo_off) as off:
                 targets = [
@@ -717,6 +759,8 @@ def main() -> None:
             f"server, then {prefix_bursts(args.rounds)} times 8 chats with that system prompt (each "
             "question new to the server) arrive at once, the next 8 as the last of these ends (16 "
             "tokens each). milliserve's cache off: no prefix slots, no kept or saved KV. "
+            f"llama-server {_flags(ls)} (its prompt cache on, as by default), the lowest TTFT p99 "
+            f"on one round's bursts of (mean of 2 passes, order reversed): {tried} ms. "
             f"{args.rounds} rounds, the order rotating.\n\n" + f"{HEAD}\n" + "\n".join(rows) + "\n",
         )
 
@@ -810,7 +854,8 @@ def fresh_part(gguf: Path, repo: Path, args: argparse.Namespace, where: str) -> 
 
 
 def open_loop_part(
-    gguf: Path,
+    ls: LlamaServer,
+    tried: str,
     repo: Path,
     budgeted: Path,
     rounds: int,
@@ -825,7 +870,8 @@ def open_loop_part(
     defaults, and milliserve once more with its latency budget set to the SLO (``budgeted``:
     a request whose first token would come too late is refused at once, 429, and counts as
     not good). Each round draws its own arrivals (seed = round), and every server gets that
-    round's; a level lasts ``duration`` s or long enough for ``arrivals`` expected arrivals."""
+    round's; a level lasts ``duration`` s or long enough for ``arrivals`` expected arrivals.
+    ``ls``: llama-server, started, at the settings ``peer_sweep`` chose (``tried``: its line)."""
     from milliserve.bench.runner import BenchConfig, run_bench
 
     def one(url: str, **kw: Any) -> Any:
@@ -842,7 +888,6 @@ def open_loop_part(
         )
         return run_bench(cfg).levels[0]
 
-    ls = LlamaServer(gguf, free_port(), 2, 8, 2048)
     try:
         with ServerProcess(repo) as ours, ServerProcess(budgeted) as ours_b:
             targets = [
@@ -908,9 +953,11 @@ def open_loop_part(
         f"milliserve: {warm:.2f} req/s), each level {duration:g} s "
         f"or long enough for {arrivals} expected arrivals, after 3 s of warm-up; {rounds} rounds, "
         "the order rotating. Each round draws its own Poisson schedule (seed: the round) and "
-        "every server gets that round's. Both servers at their defaults (milliserve: prompt-lookup "
-        "speculation on while fewer than 3 sequences decode; llama-server `-t 2 -np 8`, no "
-        f"speculation), and milliserve once more with its latency budget set to the SLO "
+        "every server gets that round's. milliserve as above (prompt-lookup speculation on while "
+        f"fewer than 3 sequences decode); llama-server {_flags(ls)}, no speculation, the fastest at "
+        f"8 streams of chats of (mean of 2 passes, order reversed) {tried} tok/s; and milliserve "
+        "once more with its "
+        "latency budget set to the SLO "
         f"(`budget {{ ttft_ms: {slo[0]:g} itl_ms: {slo[1]:g} }}` in the model's config, nothing "
         "else changed: a request whose estimated first token would miss the budget is refused at "
         "once with 429, counted below as an error and not good; llama-server has no such "

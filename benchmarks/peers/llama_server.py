@@ -71,6 +71,7 @@ class LlamaServer:
         self, gguf: Path, port: int, threads: int, parallel: int, n_ctx: int, *settings: str
     ) -> None:
         self.url = f"http://127.0.0.1:{port}"
+        self.gguf, self.n_ctx, self.settings = gguf, n_ctx, settings
         self.threads, self.parallel = threads, parallel
         cmd = [str(binary()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
         cmd += ["-a", "smollm2", "-np", str(parallel), "-c", str(n_ctx * parallel), "-t", str(threads)]
@@ -90,6 +91,12 @@ class LlamaServer:
             except OSError:
                 time.sleep(0.2)
         raise TimeoutError("llama-server did not start")
+
+    def again(self) -> LlamaServer:
+        """Another llama-server with the same settings, on a new port."""
+        from milliserve.testing import free_port
+
+        return LlamaServer(self.gguf, free_port(), self.threads, self.parallel, self.n_ctx, *self.settings)
 
     def stop(self) -> None:
         self.proc.terminate()
