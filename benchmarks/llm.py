@@ -499,44 +499,47 @@ def fresh_grounded(r: int, n: int = 400) -> list[list[dict[str, str]]]:
     return out
 
 
+def closed_loop(streams: int, prompts: Any, seconds: float) -> Any:
+    """A ``sweep`` measure: tokens/s of ``streams`` closed loops for ``seconds``."""
+
+    def rate(url: str) -> float:
+        lv = asyncio.run(run_level(url, "smollm2", prompts(0), 128, {}, seconds, 2.0, streams))
+        return lv.counted / lv.wall
+
+    return rate
+
+
 def sweep(
     gguf: Path,
     options: list[tuple[int, int, tuple[str, ...]]],
-    streams: int,
-    prompts: Any,
-    seconds: float,
+    measure: Any,
     passes: int = 2,
-    measure: Any = None,
+    lowest: bool = False,
 ) -> tuple[LlamaServer, str]:
-    """Start llama-server with each (threads, slots, flags), measure ``streams`` closed
-    loops for ``seconds``, ``passes`` times with the order reversed each pass (one 8 s pass
-    at one stream is a dozen requests, and this VM's speed moves more than the options
-    differ: one pass ranked ngram-map-k first, the run before ngram-cache), and keep the
-    fastest on the mean of its passes running; returns it and a line saying what was tried.
-    ``measure(url) -> (score, shown)``, where given, replaces the closed loop: the highest
-    score wins, and ``shown`` is what the line says of it."""
-
-    def closed(url: str) -> tuple[float, float]:
-        lv = asyncio.run(run_level(url, "smollm2", prompts(0), 128, {}, seconds, 2.0, streams))
-        return lv.counted / lv.wall, lv.counted / lv.wall
-
-    rates: dict[tuple[int, int, tuple[str, ...]], list[tuple[float, float]]] = {o: [] for o in options}
+    """Start llama-server with each (threads, slots, flags), ``measure(url)`` it (a
+    ``closed_loop``'s tokens/s, say), ``passes`` times with the order reversed each pass
+    (one 8 s pass at one stream is a dozen requests, and this VM's speed moves more than
+    the options differ: one pass ranked ngram-map-k first, the run before ngram-cache), and
+    keep the one whose mean of its passes is highest (``lowest``: lowest) running; returns
+    it and a line saying what was tried."""
+    got: dict[tuple[int, int, tuple[str, ...]], list[float]] = {o: [] for o in options}
     for k in range(passes):
         for t, np_, flags in options if k % 2 == 0 else options[::-1]:
             srv = LlamaServer(gguf, free_port(), t, np_, 2048, *flags)
             try:
-                got = (measure or closed)(srv.url)
+                got[(t, np_, flags)].append(measure(srv.url))
             finally:
                 srv.stop()
-            rates[(t, np_, flags)].append(got)
-            print(f"sweep llama-server -t {t} -np {np_} {' '.join(flags)}: {got[1]:.1f}", flush=True)
-    mean = {o: statistics.mean(g[0] for g in r) for o, r in rates.items()}
-    shown = {o: statistics.mean(g[1] for g in r) for o, r in rates.items()}
+            print(
+                f"sweep llama-server -t {t} -np {np_} {' '.join(flags)}: {got[(t, np_, flags)][-1]:.1f}",
+                flush=True,
+            )
+    mean = {o: statistics.mean(r) for o, r in got.items()}
     tried = [
-        f"`-t {t} -np {np_}{' ' + ' '.join(flags) if flags else ''}` {shown[(t, np_, flags)]:.0f}"
+        f"`-t {t} -np {np_}{' ' + ' '.join(flags) if flags else ''}` {mean[(t, np_, flags)]:.0f}"
         for t, np_, flags in options
     ]
-    t, np_, flags = max(options, key=lambda o: mean[o])
+    t, np_, flags = (min if lowest else max)(options, key=lambda o: mean[o])
     return LlamaServer(gguf, free_port(), t, np_, 2048, *flags), ", ".join(tried)
 
 
@@ -544,7 +547,7 @@ def peer_sweep(gguf: Path, attention: tuple[tuple[str, ...], ...], seconds: floa
     """llama-server at its fastest ``-t``/``-np``/attention setting for 8 streams of chats
     (``llm-peers`` and ``llm-open-loop`` both compare against it)."""
     options = [(t, n, f) for t in (2, 1) for n in (8, 16) for f in attention]
-    return sweep(gguf, options, 8, lambda r: chats(len(CHATS), r), seconds)
+    return sweep(gguf, options, closed_loop(8, lambda r: chats(len(CHATS), r), seconds))
 
 
 def prefix_sweep(gguf: Path, attention: tuple[tuple[str, ...], ...]) -> tuple[LlamaServer, str]:
@@ -552,11 +555,10 @@ def prefix_sweep(gguf: Path, attention: tuple[tuple[str, ...], ...]) -> tuple[Ll
     a warming chat, then 5 bursts of 8), over the attention settings; ``-t 2 -np 8`` (one
     slot a chat of the burst, each with its own prompt cache)."""
 
-    def ttft(url: str) -> tuple[float, float]:
-        p99 = asyncio.run(prefix_part([("x", url)], 1, bursts=prefix_bursts(5)))[0]["x"]["ttft_p99"]
-        return -p99, p99
+    def ttft_p99(url: str) -> float:
+        return asyncio.run(prefix_part([("x", url)], 1, bursts=prefix_bursts(5)))[0]["x"]["ttft_p99"]
 
-    return sweep(gguf, [(2, 8, f) for f in attention], 8, None, 0.0, measure=ttft)
+    return sweep(gguf, [(2, 8, f) for f in attention], ttft_p99, lowest=True)
 
 
 def _flags(srv: LlamaServer) -> str:
@@ -797,8 +799,8 @@ def speculation_peers(
         for t in ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
         for f in fa
     ]
-    ls_spec, tried = sweep(gguf, options, 1, prompts, seconds)
-    ls_plain, plain = sweep(gguf, [(2, 8, f) for f in fa], 1, prompts, seconds)
+    ls_spec, tried = sweep(gguf, options, closed_loop(1, prompts, seconds))
+    ls_plain, plain = sweep(gguf, [(2, 8, f) for f in fa], closed_loop(1, prompts, seconds))
     return ls_spec, f"{tried}; without speculation, of {plain}", ls_plain
 
 
@@ -968,8 +970,7 @@ def open_loop_part(
         "every server gets that round's. milliserve as above (prompt-lookup speculation on while "
         f"fewer than 3 sequences decode); llama-server {_flags(ls)}, no speculation, the fastest at "
         f"8 streams of chats of (mean of 2 passes, order reversed) {tried} tok/s; and milliserve "
-        "once more with its "
-        "latency budget set to the SLO "
+        "once more with its latency budget set to the SLO "
         f"(`budget {{ ttft_ms: {slo[0]:g} itl_ms: {slo[1]:g} }}` in the model's config, nothing "
         "else changed: a request whose estimated first token would miss the budget is refused at "
         "once with 429, counted below as an error and not good; llama-server has no such "
