@@ -76,6 +76,7 @@ class Sequence:
         "saved",
         "slot",
         "stop_len",
+        "stretched",
     )
 
     def __init__(self, req: GenRequest, slot: int, sampler: Any, reused: int, now: float) -> None:
@@ -101,6 +102,7 @@ class Sequence:
         self.accepted = 0
         self.ran_from = 0  # tokens generated when it was admitted or last resumed
         self.saved = b""  # its KV while it is suspended (preemption)
+        self.stretched = False  # it has had a step past the ITL share for prompts to join whole
 
     @property
     def decoding(self) -> bool:

@@ -390,3 +390,38 @@ def test_the_warmup_measures_both_thread_counts_and_the_first_request_runs_on_th
         assert len(ones) >= 10 and set(ones) == {1}, ones
     finally:
         engine.close()
+
+
+def _burst(itl_budget_s: float | None) -> tuple[Engine, int]:
+    """One chat starts alone; 7 more arrive during its first step (a burst) and wait beside it
+    when it has one token out; then one more arrives beside all 8."""
+    model = ScriptedModel(list(range(1000)))
+    engine = Engine(model, 9, 256, itl_budget_s=itl_budget_s, draft_tokens=0)
+    _pin_costs(engine)
+    engine.costs.prefill_token_s = 0.0039
+    engine.submit(GenRequest(list(range(30)), 200, None, lambda ev: None))
+    engine._step()  # its prompt, alone: its first token
+    for i in range(7):
+        engine.submit(GenRequest([500 + i, *range(1, 30)], 200, None, lambda ev: None))
+    steps = 0
+    while steps < 50 and (engine._incoming or any(s.prefilled < len(s.req.prompt) for s in engine._running)):
+        engine._step()
+        steps += 1
+    return engine, steps
+
+
+def test_a_burst_waiting_beside_a_stream_one_token_old_joins_it_whole() -> None:
+    """A burst's first request starts alone; the rest arrive during that step and wait beside
+    a stream one token old. Held to the ITL share they took 14 steps of a few tokens each
+    (their TTFT p99 1.1-2.0 s against llama-server's 0.5 s); the stream that has just begun
+    takes one long gap instead, once: a prompt arriving later beside it gets the share. Under
+    an explicit budget.itl_ms every gap keeps the budget, and the burst is chunked."""
+    engine, steps = _burst(None)
+    assert steps == 1, "7 prompts of 30 tokens beside a one-token-old stream: one step"
+    assert all(s.generated == 1 or s.req.prompt[0] == 0 for s in engine._running)
+    engine.submit(GenRequest([600, *range(1, 30)], 200, None, lambda ev: None))
+    engine._step()
+    late = next(s for s in engine._running if s.req.prompt[0] == 600)
+    assert late.prefilled < len(late.req.prompt), "beside streams that took their long gap: the share"
+    _, steps = _burst(0.05)
+    assert steps > 1, "under budget.itl_ms the burst is chunked"
