@@ -394,7 +394,7 @@ def test_the_warmup_measures_both_thread_counts_and_the_first_request_runs_on_th
 
 def _burst(itl_budget_s: float | None) -> tuple[Engine, int]:
     """One chat starts alone; 7 more arrive during its first step (a burst) and wait beside it
-    when it has one token out; then one more arrives beside all 8."""
+    when it has one token out. Returns the engine and the steps until all 8 have prompts in."""
     model = ScriptedModel(list(range(1000)))
     engine = Engine(model, 9, 256, itl_budget_s=itl_budget_s, draft_tokens=0)
     _pin_costs(engine)
