@@ -16,7 +16,9 @@ RETRY = 16
 class ThreadChoice:
     """How many threads a step uses: the config's count (``n_threads`` for one-token steps,
     ``n_threads_batch`` for bigger ones) unless the other count (one thread) has measured
-    at least 10% faster per token, over at least 3 steps of the same size, lately.
+    at least 10% faster per token, over at least 3 steps of the same size, lately. A size
+    not yet measured both ways starts where the smaller sizes measured, or where the
+    one-token steps (``fallback``) did.
 
     On a machine shared with other work, llama.cpp's threads can spin against the other
     processes and two threads can be slower than one, and which is faster changes with
@@ -82,28 +84,56 @@ class ThreadChoice:
 
     def _better(self, size: int) -> int:
         if not self._both(size):
-            return self.default
+            return self._prior(size)
         mine, alt = self._cost[(size, self.default)], self._cost[(size, self.other)]
         return self.other if alt[0] < 0.9 * mine[0] else self.default
+
+    def _prior(self, size: int) -> int:
+        """The count for a size not yet measured both ways: the choice at the biggest
+        smaller size that was, else the fallback's for one-token steps, else the config's.
+        Starting on the config's count, a busy machine's first steps of 8 streams took 3 s
+        each on two threads until one thread's 3 trials were made (every 4th step, 27 s in
+        all), where one-token steps had already measured one thread 60 times faster."""
+        below = self._measured_below(size)
+        if below is not None:
+            return self._better(below)
+        fb = self.fallback
+        if fb is not None and fb.other == self.other and fb.chosen(1) == fb.other:
+            return self.other
+        return self.default
 
     def _at_best(self, size: int, threads: int, n_tokens: int) -> float | None:
         """Seconds a step of ``n_tokens`` takes on ``threads`` where the machine lets it: its
         lowest median lately at this size, else the other count's times the two counts'
-        ratio at the biggest smaller size measured both ways (else the ratio of the counts);
-        None where neither count has three steps at this size."""
-        mine = self._base.get((size, threads))
-        if mine is not None:
+        measured ratio (``_ratio``); None where neither count has three steps at this size."""
+        mine = self._base.get((size, threads), self._cost.get((size, threads), (None, 0))[0])
+        if mine is not None:  # its own steps of this size (fewer than 3: their median)
             return mine * n_tokens
         alt = self.other if threads == self.default else self.default
         theirs = self._base.get((size, alt))
         if theirs is None:
             return None
+        return theirs * self._ratio(size, threads, alt) * n_tokens
+
+    def _ratio(self, size: int, threads: int, alt: int) -> float:
+        """How much longer a step takes on ``threads`` than on ``alt``, measured: at the
+        biggest smaller size measured both ways, else on the fallback's one-token steps
+        (the same machine, the same other work), else guessed from the counts.
+
+        Guessing from the counts held two threads for good on a machine busy from the
+        start: beside two CPU burners each step of 8 streams took 3 s on two threads (one
+        spinning at a barrier for the other, descheduled), the guess said one thread would
+        take 6, and one thread was never tried, where the one-token steps had measured it
+        60 times faster (stop 55: 5 streams of 200 tokens not done in 300 s)."""
         below = self._measured_below(size)
         if below is not None:
-            ratio = self._cost[(below, threads)][0] / max(self._cost[(below, alt)][0], 1e-9)
-        else:
-            ratio = alt / threads
-        return theirs * ratio * n_tokens
+            return self._cost[(below, threads)][0] / max(self._cost[(below, alt)][0], 1e-9)
+        fb = self.fallback
+        if fb is not None and fb.other == self.other and fb._both(1):
+            # the low count against the fallback's own (its config's count for one token)
+            low = fb._cost[(1, fb.other)][0] / max(fb._cost[(1, fb.default)][0], 1e-9)
+            return low if threads == self.other else 1 / low
+        return alt / threads
 
     def _may_try(self, size: int, count: int, current: int, n_tokens: int, limit_s: float | None) -> bool:
         """Whether a trial of ``count`` on this step is expected, at its best, to stay within
@@ -130,10 +160,7 @@ class ThreadChoice:
         if size >= PROMPT_SIZE:
             # a prompt chunk: no trial of its own, the choice for the biggest smaller steps
             # measured both ways (the same machine, the same contention), else the fallback's
-            below = self._measured_below(size)
-            if below is None:
-                return self.default if self.fallback is None else self.fallback.chosen(1)
-            return self._better(below)
+            return self._prior(size)
         step = self._steps.get(size, 0) + 1
         self._steps[size] = step
         best = self._better(size)
@@ -144,8 +171,11 @@ class ThreadChoice:
         drifted = now is not None and base is not None and now[0] > self.drift * base
         since = step - self._explored.get(size, 0)
         if best != self.default:  # the config's count, slower lately: is it still?
+            # every explore_every steps it is tried whatever its estimate says: that may
+            # be old (one-token steps measured on a busy machine, the machine idle since)
             wait = self._retry.get(size, RETRY)
-            if since >= wait and self._may_try(size, other, best, n_tokens, limit_s):
+            forced = since >= self.explore_every
+            if since >= wait and (forced or self._may_try(size, other, best, n_tokens, limit_s)):
                 self._explored[size] = step
                 self._retry[size] = min(2 * wait, self.explore_every)
                 return other

@@ -233,6 +233,47 @@ def test_thread_choice_tries_the_other_count_only_where_the_step_stays_within_th
     assert picks.count(1) == 3
 
 
+def test_a_machine_busy_from_the_start_finds_one_thread_for_steps_of_many_streams() -> None:
+    """Beside two CPU burners, steps of 8 streams took 3 s each on two threads for the whole
+    run, and one thread was never tried: with no smaller step measured both ways, its cost
+    was guessed from the counts (twice two threads', 6 s), over what the step took. The
+    one-token steps (the fallback) had measured one thread faster on the same machine; that
+    ratio is used, and a size not yet measured both ways starts where they chose (one
+    thread), and keeps it. On an idle machine their ratio keeps a step of 8 (35 ms on two
+    threads) off one thread under a 50 ms target, as before."""
+    from milliserve.llm.threads import ThreadChoice
+
+    def run(one: dict[int, float], cost: dict[int, float], steps: int = 40) -> tuple[list[int], ThreadChoice]:
+        single, batch = ThreadChoice(1, 2), ThreadChoice(1, 2)
+        batch.fallback = single
+        for _ in range(3):  # the warm-up's one-token steps, both ways
+            for t in (2, 1):
+                single.record(1, t, one[t])
+        picks = []
+        for _ in range(steps):  # 8 streams decoding, never a one-token step
+            t = batch.pick(8, 0.050)
+            batch.record(8, t, cost[t])
+            picks.append(t)
+        return picks, batch
+
+    picks, batch = run({2: 2.0, 1: 0.030}, {2: 0.38, 1: 0.009})  # busy: 3 s against 72 ms
+    # the first steps start where the one-token steps measured; two threads, retried
+    # later, are measured slower again
+    assert picks[:8] == [1] * 8 and batch.chosen(8) == 1 and picks[-10:] == [1] * 10
+    # the burners stop: two threads' estimate (the one-token steps' ratio, old now) would
+    # keep them off for good; the config's count is tried every explore_every steps anyway
+    # and, faster, taken back
+    cost = {2: 0.0044, 1: 0.0080}
+    picks = []
+    for _ in range(700):
+        t = batch.pick(8, 0.050)
+        batch.record(8, t, cost[t])
+        picks.append(t)
+    assert batch.chosen(8) == 2 and picks[-100:].count(1) <= 1
+    picks, batch = run({2: 0.010, 1: 0.018}, {2: 0.0044, 1: 0.0080}, 600)  # idle
+    assert picks.count(1) == 0
+
+
 def test_prompt_chunks_are_not_tried_on_the_slower_count() -> None:
     """A trial of one thread on a prompt chunk is one request's first token at about half
     speed, and every new size of prompt was tried 3 times: prompt chunks follow what the
