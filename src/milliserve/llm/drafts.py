@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from milliserve.llm.costs import StepCosts
 from milliserve.llm.memory import DraftMemory
 from milliserve.llm.sequence import MATCH_TOKENS, Sequence
+from milliserve.llm.token_model import TokenModel
 from milliserve.runtime.stats import GenerationStats
 
 __all__ = ["Acceptance", "Drafter", "Lookup", "expected"]
@@ -144,3 +145,27 @@ class Drafter:
                 self.stats.recalled_tokens += len(drafts)
                 self.stats.recalled_accepted_tokens += k
             look.table.learn(look.match, min(len(guess), len(out)), k)
+
+    def verify(
+        self, model: TokenModel, s: Sequence, i0: int, drafts: list[int], looked: Iterable[Lookup]
+    ) -> list[int]:
+        """Sample ``s``'s tokens from the step's logits at ``i0`` on: each draft the sampled
+        token equals is accepted, and the first that differs ends it with the model's own
+        token. Drops the rejected drafts' KV, counts, learns; returns the tokens out."""
+        out: list[int] = []
+        for j in range(len(drafts) + 1):
+            t = model.sample(s.sampler, i0 + j)
+            out.append(t)
+            if j < len(drafts) and t == drafts[j]:
+                continue
+            break
+        s.n_past += len(out)  # s.last and the accepted drafts are now in the KV cache
+        if drafts:
+            s.drafted += len(drafts)
+            s.accepted += len(out) - 1
+            self.stats.draft_tokens += len(drafts)
+            self.stats.accepted_tokens += len(out) - 1
+            if len(out) - 1 < len(drafts):
+                model.seq_remove(s.slot, s.n_past, -1)  # the rejected drafts' KV
+        self.learn(looked, drafts, out)
+        return out

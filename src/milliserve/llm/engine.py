@@ -33,16 +33,13 @@ from milliserve.llm.costs import StepCosts
 from milliserve.llm.drafts import Drafter, Lookup
 from milliserve.llm.sequence import Event, GenRequest, Sequence
 from milliserve.llm.slots import Slots
+from milliserve.llm.step_plan import StepBudget, build_batch
 from milliserve.llm.threads import ThreadChoice
 from milliserve.llm.token_model import TokenModel
+from milliserve.llm.warmup import warm_up
 from milliserve.runtime.stats import GenerationStats
 
-__all__ = ["DEFAULT_ITL_S", "Engine", "TokenModel"]
-
-# the time between tokens speculation keeps a step within when the model has no budget.itl_ms
-DEFAULT_ITL_S = 0.05
-# the fewest prompt tokens a step beside decoding streams prefills (Engine._prefill_budget)
-MIN_CHUNK = 4
+__all__ = ["Engine", "TokenModel"]
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +69,7 @@ class Engine:
     ) -> None:
         self.model = model
         self.max_sequences = max_sequences
-        self.step_tokens = step_tokens
         self.speculate_below = speculate_below
-        self.itl_budget_s = itl_budget_s
         self.stats = stats or GenerationStats()
         # which slot a sequence takes and which cached KV it starts from (llm/slots.py)
         self.slots = Slots(
@@ -99,6 +94,8 @@ class Engine:
         # from where, and how often those drafts are accepted (llm/drafts.py)
         self.costs = StepCosts()
         self.drafter = Drafter(draft_tokens, draft_memory_tokens, self.costs, self.stats, draft_min)
+        # how much a step holds beside its streams (llm/step_plan.py)
+        self.budget = StepBudget(self.costs, step_tokens, itl_budget_s, draft_tokens)
         self.mean_output = 128.0  # tokens a finished request generated, on average (EWMA)
         # threads of a one-token step and of a bigger one: the config's counts, or one thread
         # where that has measured faster lately (a machine busy with other work)
@@ -199,7 +196,7 @@ class Engine:
             left = sorted(max(1.0, min(s.req.max_tokens, typical) - s.generated) for s in running)
             wait = left[min(short, len(left)) - 1] * costs.step(len(running)) if left else 0.0
         tokens = ahead + prompt_tokens
-        steps = -(-tokens // max(1, self._prefill_budget(decoding)))
+        steps = -(-tokens // max(1, self.budget.prefill(decoding)))
         return wait + steps * costs.step(decoding) + tokens * costs.prefill_token_s
 
     def _would_preempt(self, client: str, level: int, running: list[Sequence]) -> bool:
@@ -221,89 +218,8 @@ class Engine:
 
     # ---- engine thread ----
     def warmup(self) -> None:
-        """Seed the estimates with one prefill and a few decode steps (called before start).
-
-        The one-token steps run three times on each thread count, taking turns, and seed the
-        thread choice, so that the first request runs on the faster count; the steps timed
-        after them run on it. Under two CPU burners on 2 vCPU, two threads' one-token steps
-        took 24 ms or 1-3 s (one thread spinning at a barrier for the other, descheduled),
-        one thread's 22-50 ms: the warm-up had seeded a step at 3 s and a prompt token at
-        97 ms, and a request's first dozen steps went on trials. The first decode pages the
-        weights in and is not timed."""
-        m = self.model
-        slot = 0
-        prompt = [1] * 32
-        # the first decode pages the weights in (untimed); the timed prompt comes after
-        m.decode(prompt, list(range(32)), [slot] * 32, [False] * 31 + [True])
-        choice = self.threads_one
-        counts = list(dict.fromkeys((choice.default, choice.other)))  # one where both are 1
-        times: dict[int, list[float]] = {n: [] for n in counts}
-        for i in range(3 * len(counts)):
-            n = counts[i % len(counts)]
-            m.set_threads(n, n)
-            t0 = time.perf_counter()
-            m.decode([1], [32 + i], [slot], [True])
-            times[n].append(time.perf_counter() - t0)
-            choice.record(1, n, times[n][-1])
-        best = choice.chosen(1)
-        t = times[best]
-        m.set_threads(best, best if best != choice.default else self.threads.default)
-        pos = 32 + 3 * len(counts)
-        t0 = time.perf_counter()
-        m.decode(prompt, list(range(pos, pos + 32)), [slot] * 32, [False] * 31 + [True])
-        prompt_s = time.perf_counter() - t0
-        pos += 32
-        t0 = time.perf_counter()  # a one-token step with 3 drafts to verify
-        m.decode([1] * 4, list(range(pos, pos + 4)), [slot] * 4, [True] * 4)
-        four = time.perf_counter() - t0
-        t0 = time.perf_counter()  # and with 7
-        m.decode([1] * 8, list(range(pos + 4, pos + 12)), [slot] * 8, [True] * 8)
-        self.costs.seed(min(t), four, prompt_s, eight=time.perf_counter() - t0)
-        m.seq_remove(slot)
-
-    def _draft_room(self, decoding: int) -> int:
-        """Draft tokens one step of ``decoding`` sequences may verify: as many as keep it,
-        at the learned step costs, within 80% of the ITL target (``budget.itl_ms``, else
-        DEFAULT_ITL_S), or within the whole target where one sequence decodes (a step that
-        runs over then delays only that sequence's own tokens, and no other stream's).
-        Unbounded, two sequences drafting 10 tokens each made 64 ms steps here, and every
-        chunk gap of an open-loop run at half capacity was over a 60 ms ITL objective. The
-        room was a cost per draft times a count; the first draft costs most (a one-token
-        step 17 ms, two tokens 30, three 40), so a cost learned from one-draft steps left
-        room for one draft where two fit."""
-        limit = self._itl_target_s() * (1.0 if decoding == 1 else 0.8)
-        room, most = 0, self.drafter.draft_tokens * decoding
-        while room < most and self.costs.step(decoding + room + 1) <= limit:
-            room += 1
-        return room
-
-    def _itl_target_s(self) -> float:
-        """The ITL target: ``budget.itl_ms``, else DEFAULT_ITL_S."""
-        return self.itl_budget_s if self.itl_budget_s is not None else DEFAULT_ITL_S
-
-    def _step_room_s(self, decoding: int, share: float = 0.8) -> float:
-        """Seconds a step of ``decoding`` logit tokens may grow by (drafts, prompt chunks) and
-        stay within ``share`` of the ITL target."""
-        return self._itl_target_s() * share - self.costs.step(decoding)
-
-    def _prefill_budget(self, decoding: int) -> int:
-        """Prompt tokens a step may prefill beside ``decoding`` tokens that want logits: as
-        many as keep the step within 80% of the ITL target (``budget.itl_ms``, else
-        DEFAULT_ITL_S), and at least what keeps it within the whole target (between
-        MIN_CHUNK and 16), so that a prompt always moves. With nothing decoding there is no
-        stream to stall. A whole chat prompt joining 8 streams made an 80 ms gap in each of
-        them, and an open loop at 70% of capacity lost requests to their ITL p99 (61-65 ms
-        against 60). A floor of 16 tokens whatever the streams: beside 7 decoding streams
-        (35 ms) a 16-token chunk made 99 ms steps, and a 250-token prompt arriving in an
-        open loop at half of capacity gave each of the 7 sixteen gaps over 60 ms (their ITL
-        objective missed) while its own first token came after 1.4 s all the same."""
-        budget = self.step_tokens - decoding
-        if decoding:
-            per = max(self.costs.prefill_token_s, 1e-6)
-            fit = int(self._step_room_s(decoding) / per)
-            floor = min(16, max(MIN_CHUNK, int(self._step_room_s(decoding, 1.0) / per)))
-            budget = min(budget, max(floor, fit))
-        return max(1, budget)
+        """Seed the step costs and the thread choice (llm/warmup.py; called before start)."""
+        warm_up(self.model, self.threads_one, self.threads, self.costs)
 
     def _loop(self) -> None:
         try:
@@ -359,11 +275,8 @@ class Engine:
             self._admit(self._waiting.pop(), now)  # type: ignore[arg-type]
         if not self._running:
             return
-        # the batch. With one KV buffer per sequence, llama.cpp splits a batch into micro-batches
-        # of sequences whose ids follow each other (0, 1, 2, ...) in batch order, each one
-        # more pass over the weights: the entries go in slot order, and slots are handed out
-        # lowest first, so that a step is one pass (two when a prompt chunk is longer).
-        # a request that stopped the last step (submit) runs its prompt alone in this one
+        # the batch (llm/step_plan.py). A request that stopped the last step (submit) runs
+        # its prompt alone in this one
         alone = {
             s.slot
             for s in self._running
@@ -377,7 +290,7 @@ class Engine:
         speculate = self.drafter.draft_tokens > 0 and len(decoding) < self.speculate_below and not prefilling
         # drafts make a step longer for every stream, accepted or not: all of a step's drafts
         # together stay within what keeps the step in the ITL target
-        room = self._draft_room(len(decoding)) if speculate else 0
+        room = self.budget.draft_room(len(decoding)) if speculate else 0
         feed: dict[int, list[int]] = {}  # slot -> tokens this step (decoding: last + drafts)
         drafts_of: dict[int, list[int]] = {}
         looked: dict[int, list[Lookup]] = {}  # slot -> its lookups, to learn from
@@ -392,62 +305,16 @@ class Engine:
             drafts_of[s.slot] = drafts
             feed[s.slot] = [s.last, *drafts]
         fed = sum(len(f) for f in feed.values())
-        budget = normal = self._prefill_budget(fed)
-        # a burst: its first request started alone and the rest arrived during that step, so
-        # they wait beside streams one token old. Held to the ITL share (4 tokens a step beside
-        # 2-7 streams here), 7 chats of 8 new tokens took 14 steps, their TTFT p99 1.1-2.0 s
-        # against llama-server's 0.5; whole, one step of 0.39 s. Those streams take that one
-        # long gap (once each: ``stretched``), which a 128-token answer's ITL p99 spares. Not
-        # under an explicit budget.itl_ms, which every gap keeps
-        whole = (
-            bool(decoding)
-            and self.itl_budget_s is None
-            and all(s.generated <= 1 and not s.stretched for s in decoding)
-        )
-        if whole:
-            budget = max(budget, self.step_tokens - fed)
-        chunk: dict[int, int] = {}  # slot -> prompt tokens prefilled this step (oldest first)
-        for s in self._running:
-            left = len(s.req.prompt) - s.prefilled
-            if left <= 0 or budget <= 0 or (alone and s.slot not in alone):
-                continue
-            chunk[s.slot] = n = min(left, budget)
-            budget -= n
-        if sum(chunk.values()) > normal:
-            for s in decoding:
-                s.stretched = True
-        tokens: list[int] = []
-        pos: list[int] = []
-        seqs: list[int] = []
-        logits: list[bool] = []
-        plan: list[tuple[Sequence, int, list[int]]] = []  # (seq, first index, drafts) of decoding seqs
-        prefill: list[tuple[Sequence, int, int]] = []  # (seq, chunk length, logits index or -1)
-        for s in sorted(self._running, key=lambda x: x.slot):
-            if s.slot in feed:
-                plan.append((s, len(tokens), drafts_of[s.slot]))
-                for j, t in enumerate(feed[s.slot]):
-                    tokens.append(t)
-                    pos.append(s.n_past + j)
-                    seqs.append(s.slot)
-                    logits.append(True)
-            elif s.slot in chunk:
-                n = chunk[s.slot]
-                done = s.prefilled + n == len(s.req.prompt)
-                for i in range(s.prefilled, s.prefilled + n):
-                    tokens.append(s.req.prompt[i])
-                    pos.append(i)
-                    seqs.append(s.slot)
-                    logits.append(False)
-                if done:
-                    logits[-1] = True
-                prefill.append((s, n, len(tokens) - 1 if done else -1))
+        chunk = self.budget.chunks(self._running, decoding, fed, alone)
+        batch = build_batch(self._running, feed, drafts_of, chunk)
+        tokens, logits, plan, prefill = batch.tokens, batch.logits, batch.plan, batch.prefill
         n_tok = len(tokens)
         choice = self.threads if n_tok > 1 else self.threads_one
-        threads = choice.pick(n_tok, self._itl_target_s())
+        threads = choice.pick(n_tok, self.budget.itl_target_s())
         m.set_threads(threads, threads)
         t0 = time.perf_counter()
         try:
-            ran = m.decode(tokens, pos, seqs, logits)
+            ran = m.decode(tokens, batch.pos, batch.seqs, logits)
         except Exception as exc:
             log.error("decode of a step of %d tokens failed: %s", len(tokens), exc)
             for s in list(self._running):
@@ -483,25 +350,9 @@ class Engine:
                 self._emit_tokens(s, [m.sample(s.sampler, at)], t1)
         # decoding sequences: sample, verify drafts
         for s, i0, drafts in plan:
-            if s.req.cancelled:
-                continue
-            out: list[int] = []
-            for j in range(len(drafts) + 1):
-                t = m.sample(s.sampler, i0 + j)
-                out.append(t)
-                if j < len(drafts) and t == drafts[j]:
-                    continue
-                break
-            s.n_past += len(out)  # s.last and the accepted drafts are now in the KV cache
-            if drafts:
-                s.drafted += len(drafts)
-                s.accepted += len(out) - 1
-                self.stats.draft_tokens += len(drafts)
-                self.stats.accepted_tokens += len(out) - 1
-                if len(out) - 1 < len(drafts):
-                    m.seq_remove(s.slot, s.n_past, -1)  # the rejected drafts' KV
-            self.drafter.learn(looked.get(s.slot, ()), drafts, out)
-            self._emit_tokens(s, out, t1)
+            if not s.req.cancelled:
+                out = self.drafter.verify(m, s, i0, drafts, looked.get(s.slot, ()))
+                self._emit_tokens(s, out, t1)
 
     def _drop_waiting(self, r: GenRequest) -> None:
         s = self._suspended.pop(r, None)

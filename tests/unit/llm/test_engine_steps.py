@@ -202,13 +202,13 @@ def test_the_draft_room_follows_the_step_costs_and_one_stream_may_use_the_whole_
     _pin_costs(engine)
     engine.costs._decode = {1: 0.017, 2: 0.030, 3: 0.040, 4: 0.052, 8: 0.070}
     engine.costs.draft_token_s = 0.013
-    assert engine._draft_room(1) == 2  # step(3) = 40 ms <= 50, step(4) = 52 > 50
-    assert engine._draft_room(2) == 1  # step(3) = 40 ms <= 0.8 x 50, step(4) over it
-    engine.itl_budget_s = 0.075  # budget.itl_ms; past 8 tokens, the slope of 4 to 8 (4.5 ms)
-    assert engine._draft_room(1) == 8  # step(9) = 74.5 ms <= 75
-    assert engine._draft_room(2) == 3  # 0.8 x 75 = 60 ms: step(5) = 56.5, step(6) = 61
-    engine.itl_budget_s = 1.0
-    assert engine._draft_room(1) == 10  # never more than draft_tokens a sequence
+    assert engine.budget.draft_room(1) == 2  # step(3) = 40 ms <= 50, step(4) = 52 > 50
+    assert engine.budget.draft_room(2) == 1  # step(3) = 40 ms <= 0.8 x 50, step(4) over it
+    engine.budget.itl_budget_s = 0.075  # budget.itl_ms; past 8 tokens, the slope of 4 to 8 (4.5 ms)
+    assert engine.budget.draft_room(1) == 8  # step(9) = 74.5 ms <= 75
+    assert engine.budget.draft_room(2) == 3  # 0.8 x 75 = 60 ms: step(5) = 56.5, step(6) = 61
+    engine.budget.itl_budget_s = 1.0
+    assert engine.budget.draft_room(1) == 10  # never more than draft_tokens a sequence
 
 
 def test_a_prompt_chunk_beside_decoding_streams_keeps_their_steps_near_the_itl_target() -> None:
@@ -216,18 +216,18 @@ def test_a_prompt_chunk_beside_decoding_streams_keeps_their_steps_near_the_itl_t
     steps: every stream's ITL objective missed while the prompt's first token came late all
     the same. The floor is what fits the whole ITL target (50 ms here), at least MIN_CHUNK;
     with few streams the chunk fills 80% of it; alone, a prompt takes the whole step."""
-    from milliserve.llm.engine import DEFAULT_ITL_S, MIN_CHUNK
+    from milliserve.llm.step_plan import DEFAULT_ITL_S, MIN_CHUNK
 
     engine = Engine(ScriptedModel([]), 8, 256)
     _pin_costs(engine)
     engine.costs.prefill_token_s = 0.0039
     per = engine.costs.prefill_token_s
-    seven = engine._prefill_budget(7)
+    seven = engine.budget.prefill(7)
     assert seven == MIN_CHUNK  # 36 ms + 4 x 3.9 = 52 ms, where 16 tokens made 98
-    one = engine._prefill_budget(1)
+    one = engine.budget.prefill(1)
     assert engine.costs.step(1) + one * per <= DEFAULT_ITL_S
     assert one >= int((0.8 * DEFAULT_ITL_S - engine.costs.step(1)) / per)
-    assert engine._prefill_budget(0) == 256
+    assert engine.budget.prefill(0) == 256
 
 
 def _seconds(engine: Engine) -> float:
