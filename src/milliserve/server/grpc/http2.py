@@ -33,19 +33,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Callable
 from typing import Any
 
 from milliserve.server.grpc.frames import (
     ACK,
-    CANCEL,
-    COMPRESSION_ERROR,
     CONTINUATION,
     DATA,
     DEFAULT_WINDOW,
-    END_HEADERS,
     END_STREAM,
-    ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
     GOAWAY,
@@ -54,109 +49,31 @@ from milliserve.server.grpc.frames import (
     INTERNAL_ERROR,
     MAX_FRAME,
     MAX_WINDOW,
-    NO_ERROR,
     PADDED,
     PING,
     PREFACE,
     PRIORITY,
-    PRIORITY_FLAG,
     PROTOCOL_ERROR,
     PUSH_PROMISE,
-    REFUSED_STREAM,
     RST_STREAM,
     SETTINGS,
-    SETTINGS_TIMEOUT,
     STREAM_CLOSED,
     WINDOW_UPDATE,
-    ConnectionStats,
-    GrantBudget,
-    Http2Limits,
-    Stream,
-    StreamHandler,
     frame,
 )
-from milliserve.server.grpc.hpack_decoder import HeaderBlockTooLarge, HpackDecoder, HpackError
-from milliserve.server.grpc.turns import SLICE_FRAMES, TurnBudget
+from milliserve.server.grpc.h2_headers import Http2Headers
+from milliserve.server.grpc.h2_state import CONN_WINDOW, Http2Calm, Http2ConnectionError
+from milliserve.server.grpc.turns import SLICE_FRAMES
 
 log = logging.getLogger(__name__)
 
-# every stream may send this much before the server grants more (HTTP/2's default window): a
-# message larger than this asks for a grant when its 5-byte prefix arrives
-STREAM_WINDOW = DEFAULT_WINDOW
-# the connection window is given back as data arrives (memory is bounded per stream and by
-# the grants), so one stalled stream never stops the others
-CONN_WINDOW = 16 * 1024 * 1024
 __all__ = ["Http2Protocol"]
 
 
-class Http2Protocol(asyncio.Protocol):
-    """One client connection."""
+class Http2Protocol(Http2Headers, asyncio.Protocol):
+    """One client connection: its transport callbacks and the frames it reads (the state,
+    sending and header blocks are in h2_state.py, h2_send.py and h2_headers.py)."""
 
-    def __init__(
-        self,
-        handler: StreamHandler,
-        limits: Http2Limits,
-        stats: ConnectionStats,
-        on_close: Callable[[Http2Protocol], None],
-        budget: GrantBudget | None = None,
-        turns: TurnBudget | None = None,
-    ) -> None:
-        self.handler = handler
-        self.limits = limits
-        self.stats = stats
-        self._on_close = on_close
-        self.transport: Any = None
-        self.peer = ""
-        self.streams: dict[int, Stream] = {}
-        self._buf = bytearray()
-        self._preface = False
-        self._settings_seen = False
-        self._settings_acked = False
-        self._decoder = HpackDecoder()
-        self._last_id = 0  # the highest stream the client opened
-        self._headers_sid = 0  # a header block continues on this stream
-        self._header_block = bytearray()
-        self._header_flags = 0
-        self._header_overflow = False
-        self._header_skipped = 0
-        self._table_lost = False
-        # header bytes kept for one block; past this the block is refused without decoding
-        self._raw_header_cap = max(64 * 1024, 4 * limits.max_header_list_bytes)
-        self._peer_window = DEFAULT_WINDOW  # the client's initial stream window
-        self._peer_frame = 16384
-        self._send_window = DEFAULT_WINDOW  # the connection's
-        self._stream_recv = STREAM_WINDOW
-        self._conn_recv = DEFAULT_WINDOW
-        self._conn_credit = 0  # bytes received, not yet given back with WINDOW_UPDATE
-        self._budget = budget or GrantBudget(limits.max_buffered_bytes)
-        self._turns = turns or TurnBudget()
-        self._granted = 0  # this connection's share of the grants
-        self._grant_limit = 2 * (limits.max_message_bytes + 5)
-        self._pending_grants: dict[Stream, int] = {}
-        self._held = 0  # bytes of answers waiting for the client's window
-        self._window_start = 0.0
-        self._resets = 0
-        self._controls = 0
-        self._window_updates = 0
-        self._ping_strikes = 0
-        self._last_ping = 0.0
-        self._sent_data_since_ping = True
-        self._keepalive_sent = 0.0
-        self.goaway_sent = False
-        self._closing = False
-        self._paused = False
-        self._read_paused = False  # frames wait in _buf for this connection's turn (turns.py)
-        self._drained: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._close_timer: asyncio.TimerHandle | None = None
-        self._loop = asyncio.get_running_loop()
-        now = self._loop.time()
-        self._born = now
-        self._last_recv = now
-        self._last_active = now
-        self._age_goaway_at = 0.0
-
-    # -- transport callbacks --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # uvloop's is not an asyncio.Transport subclass
         peer = transport.get_extra_info("peername")
@@ -188,22 +105,6 @@ class Http2Protocol(asyncio.Protocol):
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         self._on_close(self)
-
-    def pause_writing(self) -> None:
-        self._paused = True
-
-    def resume_writing(self) -> None:
-        self._paused = False
-
-    def _write(self, data: bytes) -> None:
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        t.write(data)
-        # a client that does not read its socket: what waits for it is bounded too
-        if self._paused and t.get_write_buffer_size() > self.limits.max_unread_bytes:
-            self.stats.unread_cancelled += len(self.streams)
-            t.abort()
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
@@ -247,7 +148,7 @@ class Http2Protocol(asyncio.Protocol):
                     break
                 length = (hi << 16) | lo
                 if length > MAX_FRAME:
-                    raise _ConnectionError(FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+                    raise Http2ConnectionError(FRAME_SIZE_ERROR, f"a frame of {length} bytes")
                 if end - pos - 9 < length:
                     break
                 # DATA is copied once, into its stream's buffer; other frames are kept whole
@@ -261,7 +162,7 @@ class Http2Protocol(asyncio.Protocol):
                 self._frame(kind, flags, sid & MAX_WINDOW, payload)
                 if self._closing:
                     return
-        except _ConnectionError as exc:
+        except Http2ConnectionError as exc:
             self._fail(exc.code, exc.reason)
             return
         except Exception:  # a bug: this connection ends, the others go on
@@ -283,12 +184,11 @@ class Http2Protocol(asyncio.Protocol):
             if not t.is_closing():
                 t.resume_reading()
 
-    # -- frames ---------------------------------------------------------------------------
     def _frame(self, kind: int, flags: int, sid: int, payload: Any) -> None:
         if not self._settings_seen and kind != SETTINGS:
-            raise _ConnectionError(PROTOCOL_ERROR, "the first frame was not SETTINGS")
+            raise Http2ConnectionError(PROTOCOL_ERROR, "the first frame was not SETTINGS")
         if self._headers_sid and kind != CONTINUATION:
-            raise _ConnectionError(PROTOCOL_ERROR, "a header block was interrupted")
+            raise Http2ConnectionError(PROTOCOL_ERROR, "a header block was interrupted")
         if kind == DATA:
             self._data(flags, sid, payload)
         elif kind == HEADERS:
@@ -301,7 +201,7 @@ class Http2Protocol(asyncio.Protocol):
             self._count_window()
             self._window_updates += 1
             if self._window_updates > 10 * self.limits.max_control_frames_per_s:
-                raise _Calm(
+                raise Http2Calm(
                     f"more than {10 * self.limits.max_control_frames_per_s} WINDOW_UPDATE frames in a second"
                 )
             self._window_update(sid, payload)
@@ -315,60 +215,46 @@ class Http2Protocol(asyncio.Protocol):
                 self._ping(flags, sid, payload)
             elif kind == GOAWAY:
                 if sid != 0:
-                    raise _ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
+                    raise Http2ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
                 if len(payload) < 8:
-                    raise _ConnectionError(FRAME_SIZE_ERROR, "GOAWAY too short")
+                    raise Http2ConnectionError(FRAME_SIZE_ERROR, "GOAWAY too short")
                 self._closing_by_peer()
             elif kind == PRIORITY:
                 if sid == 0:
-                    raise _ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+                    raise Http2ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
                 if len(payload) != 5:
-                    raise _ConnectionError(FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
+                    raise Http2ConnectionError(FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
             elif kind == PUSH_PROMISE:
-                raise _ConnectionError(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+                raise Http2ConnectionError(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
             # frames of unknown types are ignored (RFC 9113 §4.1), but counted above
-
-    def _count_window(self) -> None:
-        now = self._loop.time()
-        if now - self._window_start >= 1.0:
-            self._window_start = now
-            self._resets = 0
-            self._controls = 0
-            self._window_updates = 0
-
-    def _control(self) -> None:
-        self._count_window()
-        self._controls += 1
-        if self._controls > self.limits.max_control_frames_per_s:
-            raise _Calm(f"more than {self.limits.max_control_frames_per_s} control frames in a second")
 
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid != 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
+            raise Http2ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & ACK:
             if payload:
-                raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+                raise Http2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             self._settings_acked = True
             return
         if len(payload) % 6:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
+            raise Http2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
         self._settings_seen = True
         for i in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HL", payload, i)
             if key == 0x4:
                 if value > MAX_WINDOW:
-                    raise _ConnectionError(FLOW_CONTROL_ERROR, "initial window too large")
+                    raise Http2ConnectionError(FLOW_CONTROL_ERROR, "initial window too large")
                 delta = value - self._peer_window
                 self._peer_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
                     if stream.send_window > MAX_WINDOW:
-                        raise _ConnectionError(FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
+                        raise Http2ConnectionError(FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
             elif key == 0x2 and value > 1:
-                raise _ConnectionError(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}")
+                raise Http2ConnectionError(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}")
             elif key == 0x5:
                 if not 16384 <= value <= 16777215:
-                    raise _ConnectionError(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value}")
+                    raise Http2ConnectionError(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value}")
                 self._peer_frame = value
         self._write(frame(SETTINGS, ACK, 0))
         if self._peer_window > 0:
@@ -376,9 +262,9 @@ class Http2Protocol(asyncio.Protocol):
 
     def _ping(self, flags: int, sid: int, payload: bytes) -> None:
         if sid != 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "PING on a stream")
+            raise Http2ConnectionError(PROTOCOL_ERROR, "PING on a stream")
         if len(payload) != 8:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "PING of the wrong size")
+            raise Http2ConnectionError(FRAME_SIZE_ERROR, "PING of the wrong size")
         if flags & ACK:
             self._keepalive_sent = 0.0
             return
@@ -388,7 +274,7 @@ class Http2Protocol(asyncio.Protocol):
         if not self._sent_data_since_ping and now - self._last_ping < self.limits.min_ping_interval_s:
             self._ping_strikes += 1
             if self._ping_strikes > self.limits.max_ping_strikes:
-                raise _Calm("too_many_pings")  # the text grpc clients back off on
+                raise Http2Calm("too_many_pings")  # the text grpc clients back off on
         elif self._sent_data_since_ping:
             self._ping_strikes = 0
         self._last_ping = now
@@ -397,18 +283,18 @@ class Http2Protocol(asyncio.Protocol):
 
     def _window_update(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
+            raise Http2ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
         inc = struct.unpack(">L", payload)[0] & MAX_WINDOW
         if sid == 0:
             if inc == 0:
-                raise _ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+                raise Http2ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             self._send_window += inc
             if self._send_window > MAX_WINDOW:
-                raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window past 2^31-1")
+                raise Http2ConnectionError(FLOW_CONTROL_ERROR, "connection window past 2^31-1")
             self._flush_all()
             return
         if sid > self._last_id:
-            raise _ConnectionError(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
+            raise Http2ConnectionError(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
         stream = self.streams.get(sid)
         if stream is None:
             return
@@ -423,13 +309,13 @@ class Http2Protocol(asyncio.Protocol):
 
     def _rst(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
+            raise Http2ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
         if sid == 0 or sid > self._last_id:
-            raise _ConnectionError(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
+            raise Http2ConnectionError(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
         self.stats.resets_received += 1
         self._resets += 1  # _control() has started this second's count
         if self._resets > self.limits.max_resets_per_s:
-            raise _Calm(f"more than {self.limits.max_resets_per_s} streams reset in a second")
+            raise Http2Calm(f"more than {self.limits.max_resets_per_s} streams reset in a second")
         stream = self.streams.get(sid)
         if stream is not None:
             self._drop(stream)
@@ -445,7 +331,7 @@ class Http2Protocol(asyncio.Protocol):
         n = len(payload)
         self._conn_recv -= n
         if self._conn_recv < 0:
-            raise _ConnectionError(FLOW_CONTROL_ERROR, "data past the connection window")
+            raise Http2ConnectionError(FLOW_CONTROL_ERROR, "data past the connection window")
         self._conn_credit += n
         if self._conn_credit >= CONN_WINDOW // 2:
             self._write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", self._conn_credit)))
@@ -453,12 +339,13 @@ class Http2Protocol(asyncio.Protocol):
             self._conn_credit = 0
         if flags & PADDED:
             if not payload or payload[0] >= n:
-                raise _ConnectionError(PROTOCOL_ERROR, "bad padding")
+                raise Http2ConnectionError(PROTOCOL_ERROR, "bad padding")
             payload = payload[1 : n - payload[0]]
         stream = self.streams.get(sid)
         if stream is None or stream.remote_closed:
             if sid == 0 or sid > self._last_id or stream is not None:
-                raise _ConnectionError(STREAM_CLOSED if stream else PROTOCOL_ERROR, "DATA on a closed stream")
+                code = STREAM_CLOSED if stream else PROTOCOL_ERROR
+                raise Http2ConnectionError(code, "DATA on a closed stream")
             # a stream reset, refused or finished here: what was on the wire is dropped; tiny
             # frames count as control frames, as on open streams (an honest client's DATA in
             # flight after a refusal is a whole message, and a retry storm sends many)
@@ -477,412 +364,3 @@ class Http2Protocol(asyncio.Protocol):
         if flags & END_STREAM:
             stream.remote_closed = True
         self.handler.data(self, stream)
-
-    def _headers(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid == 0 or not sid & 1:
-            raise _ConnectionError(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
-        n = len(payload)
-        start = 0
-        if flags & PADDED:
-            if not payload or payload[0] >= n:
-                raise _ConnectionError(PROTOCOL_ERROR, "bad padding")
-            start, n = 1, n - payload[0]
-        if flags & PRIORITY_FLAG:
-            start += 5
-        if start > n:
-            raise _ConnectionError(PROTOCOL_ERROR, "HEADERS too short")
-        self._header_block = bytearray()
-        self._header_flags = flags
-        self._header_overflow = False
-        self._headers_sid = sid
-        if not n - start and not flags & END_HEADERS:
-            self._control()
-        self._add_fragment(payload[start:n], flags)
-
-    def _add_fragment(self, fragment: bytes, flags: int) -> None:
-        if self._header_overflow or len(self._header_block) + len(fragment) > self._raw_header_cap:
-            # not kept: the stream is refused when the block ends (and the connection
-            # closes after, since the header table can no longer follow the client's)
-            self._header_overflow = True
-            self._header_block = bytearray()
-            self._header_skipped += len(fragment)
-            if self._header_skipped > 32 * self._raw_header_cap:
-                raise _Calm("an endless header block")
-        else:
-            self._header_block += fragment
-        if flags & END_HEADERS:
-            self._header_block_done()
-
-    def _continuation(self, flags: int, sid: int, payload: bytes) -> None:
-        if self._headers_sid != sid:
-            raise _ConnectionError(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
-        # every CONTINUATION counts as a control frame: an honest block needs one or two, and
-        # a flood of tiny ones would hold the loop (CVE-2024-27316)
-        self._control()
-        self._add_fragment(payload, flags)
-
-    def _header_block_done(self) -> None:
-        sid = self._headers_sid
-        flags = self._header_flags
-        block = bytes(self._header_block)
-        self._headers_sid = 0
-        self._header_block = bytearray()
-        too_large = self._header_overflow
-        self._header_skipped = 0
-        headers: list[tuple[bytes, bytes]] = []
-        if too_large or self._table_lost:
-            self._table_lost = True  # no later block can be decoded: no new streams
-            self.goaway_sent = True
-        else:
-            try:
-                headers = self._decoder.decode(block, self.limits.max_header_list_bytes)
-            except HeaderBlockTooLarge:
-                too_large = True
-            except HpackError as exc:
-                raise _ConnectionError(COMPRESSION_ERROR, str(exc)) from None
-        existing = self.streams.get(sid)
-        if existing is not None:  # trailers from the client: the request ends here
-            if not flags & END_STREAM:
-                raise _ConnectionError(PROTOCOL_ERROR, "trailers without END_STREAM")
-            existing.remote_closed = True
-            self.handler.data(self, existing)
-            return
-        if sid <= self._last_id:
-            raise _ConnectionError(STREAM_CLOSED, f"HEADERS on closed stream {sid}")
-        self._last_id = sid
-        now = self._loop.time()
-        stream = Stream(sid, self._peer_window, self._stream_recv, now)
-        if flags & END_STREAM:
-            stream.remote_closed = True
-        if self._header_overflow:  # answered, then GOAWAY: this stream is the last one
-            self._header_overflow = False
-            self.streams[sid] = stream
-            self.handler.refuse_headers(self, stream, self.limits.max_header_list_bytes)
-            self._write(frame(GOAWAY, 0, 0, struct.pack(">LL", sid, NO_ERROR) + b"header block too large"))
-            if not self.streams:
-                self._close_soon()
-            return
-        if self.goaway_sent:
-            self._write(frame(RST_STREAM, 0, sid, struct.pack(">L", REFUSED_STREAM)))
-            return
-        if len(self.streams) >= self.limits.max_concurrent_streams:
-            # a client that ignores SETTINGS_MAX_CONCURRENT_STREAMS: refused, and counted
-            # with the resets, so that opening and dropping streams stays bounded
-            self.stats.refused_streams += 1
-            self._count_window()
-            self._resets += 1
-            self._write(frame(RST_STREAM, 0, sid, struct.pack(">L", REFUSED_STREAM)))
-            if self._resets > self.limits.max_resets_per_s:
-                raise _Calm("streams past the concurrency limit, again and again")
-            return
-        self.streams[sid] = stream
-        self._last_active = now
-        if too_large:
-            self.handler.refuse_headers(self, stream, self.limits.max_header_list_bytes)
-            return
-        self.handler.open(self, stream, headers)
-
-    # -- sending --------------------------------------------------------------------------
-    def want(self, stream: Stream, more: int) -> None:
-        """The stream's current message needs ``more`` bytes still: grant the window for
-        them, now if the budgets allow, or once other streams have finished theirs."""
-        need = more - stream.recv_window
-        if need <= 0 or stream.remote_closed or stream in self._pending_grants:
-            return
-        if self._granted + need <= self._grant_limit and self._budget.used + need <= self._budget.limit:
-            self._grant(stream, need)
-        else:
-            self._pending_grants[stream] = need
-            self._budget.waiting.add(self)
-
-    def _grant(self, stream: Stream, n: int) -> None:
-        stream.granted += n
-        stream.recv_window += n
-        self._granted += n
-        self._budget.used += n
-        self._write(frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">L", n)))
-
-    def retry_grants(self) -> None:
-        for stream, need in list(self._pending_grants.items()):
-            if stream.remote_closed or stream.id not in self.streams:
-                del self._pending_grants[stream]
-            elif self._granted + need <= self._grant_limit and self._budget.used + need <= self._budget.limit:
-                del self._pending_grants[stream]
-                self._grant(stream, need)
-            else:
-                self._budget.waiting.add(self)
-                return
-
-    def _release(self, stream: Stream, n: int) -> None:
-        n = min(n, stream.granted)
-        if n > 0:
-            stream.granted -= n
-            self._granted -= n
-            self._budget.release(n)
-            self.retry_grants()
-
-    def consumed(self, stream: Stream, n: int) -> None:
-        """A message of ``n`` bytes (prefix included) was taken up: its grant goes back to
-        the budgets, and a stream still sending gets its first window back."""
-        granted = min(n, stream.granted)
-        self._release(stream, granted)
-        restore = n - granted
-        if restore > 0 and not stream.remote_closed and not stream.local_closed:
-            stream.recv_window += restore
-            self._write(frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">L", restore)))
-
-    def trailers_only(self, stream: Stream, block: bytes) -> None:
-        """An answer without a body (an error before any response): one HEADERS frame."""
-        self._write(frame(HEADERS, END_STREAM | END_HEADERS, stream.id, block))
-        self._sent_data_since_ping = True
-        self._local_close(stream)
-
-    def respond(self, stream: Stream, head: bytes, body: bytes, trailers: bytes) -> None:
-        """A whole answer: HEADERS, the body as DATA, trailers (as one write when the
-        client's windows allow)."""
-        if stream.local_closed:
-            return
-        stream.started = True
-        n = len(body)
-        if n <= stream.send_window and n <= self._send_window and n <= self._peer_frame and not stream.out:
-            stream.send_window -= n
-            self._send_window -= n
-            self._write(
-                frame(HEADERS, END_HEADERS, stream.id, head)
-                + frame(DATA, 0, stream.id, body)
-                + frame(HEADERS, END_STREAM | END_HEADERS, stream.id, trailers)
-            )
-            self._sent_data_since_ping = True
-            self._local_close(stream)
-            return
-        self._write(frame(HEADERS, END_HEADERS, stream.id, head))
-        stream.out_end = trailers
-        self._queue(stream, body)
-
-    def send(self, stream: Stream, head: bytes | None, body: bytes) -> None:
-        """One message of a streamed answer (``head`` with the first)."""
-        if stream.local_closed:
-            return
-        if head is not None and not stream.started:
-            stream.started = True
-            self._write(frame(HEADERS, END_HEADERS, stream.id, head))
-        self._queue(stream, body)
-
-    def finish(self, stream: Stream, trailers: bytes) -> None:
-        """The trailers of a streamed answer, after what is queued."""
-        if stream.local_closed:
-            return
-        stream.out_end = trailers
-        self._flush(stream)
-
-    async def writable(self, stream: Stream, limit: int = 256 * 1024) -> None:
-        """Wait while more than ``limit`` bytes of this stream's answer wait for its client."""
-        while len(stream.out) > limit and not stream.local_closed:
-            stream.waiter = self._loop.create_future()
-            await stream.waiter
-
-    def _queue(self, stream: Stream, body: bytes) -> None:
-        if body:
-            if not stream.out:
-                stream.held_since = self._loop.time()
-            stream.out += body
-            self._held += len(body)
-        self._flush(stream)
-        if self._held > self.limits.max_unread_bytes and stream.out:
-            self.stats.unread_cancelled += 1
-            self._reset(stream, CANCEL)
-
-    def _flush(self, stream: Stream) -> None:
-        out = stream.out
-        chunks: list[bytes] = []
-        while out:
-            n = min(len(out), stream.send_window, self._send_window, self._peer_frame)
-            if n <= 0:
-                break
-            chunks.append(frame(DATA, 0, stream.id, bytes(out[:n])))
-            del out[:n]
-            stream.send_window -= n
-            self._send_window -= n
-            self._held -= n
-        if not out:
-            stream.held_since = 0.0
-            if stream.out_end is not None:
-                chunks.append(frame(HEADERS, END_STREAM | END_HEADERS, stream.id, stream.out_end))
-        if chunks:
-            self._sent_data_since_ping = True
-            self._write(b"".join(chunks))
-        if not out and stream.out_end is not None:
-            self._local_close(stream)
-        elif stream.waiter is not None and not stream.waiter.done() and len(out) <= 256 * 1024:
-            stream.waiter.set_result(None)
-
-    def _flush_all(self) -> None:
-        for stream in list(self.streams.values()):
-            if stream.out or stream.out_end is not None:
-                self._flush(stream)
-            if self._send_window <= 0:
-                break
-
-    def _local_close(self, stream: Stream) -> None:
-        stream.local_closed = True
-        if stream.waiter is not None and not stream.waiter.done():
-            stream.waiter.set_result(None)
-        if not stream.remote_closed:
-            # answered before the request ended (an error): tell the client to stop sending
-            self._write(frame(RST_STREAM, 0, stream.id, struct.pack(">L", NO_ERROR)))
-            stream.remote_closed = True
-        self._forget(stream)
-        self.streams.pop(stream.id, None)
-        self._last_active = self._loop.time()
-        if self.goaway_sent and not self.streams:
-            self._close_soon()
-
-    def _forget(self, stream: Stream) -> None:
-        """Let go of what a closed stream holds: its answer bytes, its request bytes, its grant."""
-        self._held -= len(stream.out)
-        stream.out.clear()
-        stream.data.clear()
-        self._pending_grants.pop(stream, None)
-        self._release(stream, stream.granted)
-
-    def _reset(self, stream: Stream, code: int) -> None:
-        """Reset a stream from the server's side (and stop its call)."""
-        self._write(frame(RST_STREAM, 0, stream.id, struct.pack(">L", code)))
-        self._drop(stream)
-
-    def _drop(self, stream: Stream) -> None:
-        if stream.local_closed and stream.id not in self.streams:
-            return
-        stream.local_closed = stream.remote_closed = True
-        self._forget(stream)
-        if stream.waiter is not None and not stream.waiter.done():
-            stream.waiter.set_result(None)
-        self.streams.pop(stream.id, None)
-        self.handler.reset(stream)
-        if self.goaway_sent and not self.streams:
-            self._close_soon()
-
-    # -- ending ---------------------------------------------------------------------------
-    def goaway(self, code: int = NO_ERROR, debug: bytes = b"") -> None:
-        """Take no new stream; with NO_ERROR the open ones finish first."""
-        if self.goaway_sent and code == NO_ERROR:
-            return
-        self.goaway_sent = True
-        self._write(frame(GOAWAY, 0, 0, struct.pack(">LL", self._last_id, code) + debug[:256]))
-        if code != NO_ERROR:
-            self._linger()
-        elif not self.streams:
-            self._close_soon()
-
-    def _linger(self) -> None:
-        """Close after an error without losing the GOAWAY: closing a socket with unread
-        bytes sends RST, and the client may then never read the GOAWAY. So stop reading
-        (a flooding client's writes block, costing nothing here), send FIN after what is
-        buffered, and abort two seconds later."""
-        self._closing = True
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        t.pause_reading()
-        if t.can_write_eof():
-            t.write_eof()
-        self._loop.call_later(2.0, t.abort)
-
-    def _close_soon(self) -> None:
-        """Close a second after a graceful GOAWAY, once no call is left: a client may have
-        sent a new call before it read the GOAWAY. Meanwhile such calls are refused
-        (REFUSED_STREAM, which clients retry on a new connection) rather than lost with the
-        socket."""
-        if self._close_timer is None and not self._closing:
-            self._close_timer = self._loop.call_later(1.0, self._finish_close)
-
-    def _finish_close(self) -> None:
-        """Close without a reset: closing a socket with bytes unread sends RST, and the
-        client would see 'connection reset' instead of the GOAWAY. So: FIN after what is
-        buffered, drop what still comes, and abort 2 s later if the client has not closed."""
-        self._closing = True
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        if not t.can_write_eof():
-            t.close()
-            return
-        t.write_eof()
-        self._loop.call_later(2.0, t.abort)
-
-    def _abort(self) -> None:
-        self._closing = True
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _fail(self, code: int, reason: str) -> None:
-        if code == ENHANCE_YOUR_CALM:
-            self.stats.goaway_calm += 1
-        else:
-            self.stats.protocol_errors += 1
-        for stream in list(self.streams.values()):
-            self._drop(stream)
-        self.goaway(code, reason.encode()[:200])
-
-    async def drain(self) -> None:
-        """Wait until the connection has closed (after a graceful ``goaway``)."""
-        if self.transport is None or self.transport.is_closing():
-            return
-        if self._drained is None:
-            self._drained = self._loop.create_future()
-        await self._drained
-
-    def close(self) -> None:
-        """Stop now: the calls still running are cancelled."""
-        for stream in list(self.streams.values()):
-            self._drop(stream)
-        self._abort()
-
-    def _tick(self) -> None:
-        now = self._loop.time()
-        lim = self.limits
-        self._timer = self._loop.call_later(1.0, self._tick)
-        if not self._preface or not self._settings_seen:
-            if now - self._born > lim.handshake_timeout_s:
-                self._abort()
-            return
-        if not self._settings_acked and now - self._born > lim.handshake_timeout_s:
-            self._fail(SETTINGS_TIMEOUT, "SETTINGS not acknowledged")
-            return
-        if self._keepalive_sent and now - self._keepalive_sent > lim.keepalive_timeout_s:
-            self._abort()  # the peer vanished without a FIN
-            return
-        if not self._keepalive_sent and now - self._last_recv > lim.keepalive_time_s:
-            self._keepalive_sent = now
-            self._write(frame(PING, 0, 0, b"keepaliv"))
-        if not self.streams and now - self._last_active > lim.idle_timeout_s:
-            self.goaway(NO_ERROR, b"idle")
-        if lim.max_connection_age_s and now - self._born > lim.max_connection_age_s:
-            if not self.goaway_sent:
-                self._age_goaway_at = now
-                self.goaway(NO_ERROR, b"max connection age")
-            elif self._age_goaway_at and now - self._age_goaway_at > lim.connection_age_grace_s:
-                self.close()
-                return
-        for stream in list(self.streams.values()):
-            if stream.held_since and now - stream.held_since > lim.unread_timeout_s:
-                self.stats.unread_cancelled += 1
-                self._reset(stream, CANCEL)
-            elif (
-                not stream.remote_closed
-                and stream.call is not None
-                and stream.call.unary
-                and now - stream.opened > lim.request_timeout_s
-            ):
-                self._reset(stream, CANCEL)  # a unary request that never finishes arriving
-
-
-class _ConnectionError(Exception):
-    def __init__(self, code: int, reason: str) -> None:
-        self.code = code
-        self.reason = reason
-
-
-class _Calm(_ConnectionError):
-    def __init__(self, reason: str) -> None:
-        super().__init__(ENHANCE_YOUR_CALM, reason)
