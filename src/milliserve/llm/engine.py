@@ -41,6 +41,10 @@ from milliserve.runtime.stats import GenerationStats
 
 __all__ = ["Engine", "TokenModel"]
 
+# a step of prompts only may be joined by a request arriving this soon after it began, at
+# least (StepCosts may take prompt tokens as free on a busy machine)
+JOIN_MIN_S = 0.01
+
 log = logging.getLogger(__name__)
 
 
@@ -89,6 +93,13 @@ class Engine:
         # (preemption: priority). The step in flight stops, and the next one is its prefill alone
         self._urgent: int | None = None
         self._wake = threading.Event()
+        # a step of prompts only (no stream decoding yet) may be stopped by a request that
+        # arrives before this perf_counter time, so that it joins them (submit); the lock
+        # keeps that from stopping a later step
+        self._join_gate = threading.Lock()
+        self._joinable_until = 0.0
+        self._joined = False  # the last step was stopped so
+        self._burst_at = 0.0  # when the first of the steps stopped so began
         self._stop = False
         # what steps cost (llm/costs.py), seeded by warmup(); what decoding sequences draft,
         # from where, and how often those drafts are accepted (llm/drafts.py)
@@ -128,6 +139,17 @@ class Engine:
 
     def submit(self, req: GenRequest) -> None:
         self._incoming.append(req)
+        if self._joinable_until and len(self._running) + len(self._incoming) <= self.max_sequences:
+            # a burst: the first request's prompt step began an instant ago, alone. Stop it
+            # and run it again with this one (and whatever else arrives meanwhile), as
+            # llama-server's loop takes a burst that arrived together in one batch. Left to
+            # run, the others join beside its first token, and that stream takes one long
+            # gap (the pooled ITL p99 of 16-token answers: 361 ms against 107)
+            with self._join_gate:
+                if time.perf_counter() < self._joinable_until:
+                    self._joinable_until = 0.0
+                    self._joined = True
+                    self.model.interrupt()
         if (
             self.preemption.priority
             and self.model.interruptible
@@ -313,14 +335,29 @@ class Engine:
         threads = choice.pick(n_tok, self.budget.itl_target_s())
         m.set_threads(threads, threads)
         t0 = time.perf_counter()
+        # prompts only: joinable within the first half of what the step should take, counted
+        # from the burst's first step (one stopped for a join runs again from the start), so
+        # that all the steps stopped waste that half at most
+        if not self._joined:
+            self._burst_at = t0
+        joinable = not plan and m.interruptible
+        with self._join_gate:
+            self._joined = False
+            if joinable:
+                half = max(JOIN_MIN_S, 0.5 * n_tok * self.costs.prefill_token_s)
+                self._joinable_until = self._burst_at + half
         try:
             ran = m.decode(tokens, batch.pos, batch.seqs, logits)
         except Exception as exc:
+            with self._join_gate:
+                self._joinable_until = 0.0
             log.error("decode of a step of %d tokens failed: %s", len(tokens), exc)
             for s in list(self._running):
                 if s.req.cancelled or any(s is p[0] for p in plan) or any(s is p[0] for p in prefill):
                     self._finish(s, "error", time.perf_counter(), f"the engine failed: {exc}")
             return
+        with self._join_gate:
+            self._joinable_until = 0.0
         if not ran:  # interrupted (submit): nothing of it happened; the next step runs
             self.stats.interrupted += 1
             return

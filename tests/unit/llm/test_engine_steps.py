@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from milliserve.llm.drafts import Acceptance
-from milliserve.llm.engine import Engine
+from milliserve.llm.engine import JOIN_MIN_S, Engine
 from milliserve.llm.sequence import Event, GenRequest, Sequence
 
 PASSAGE = list(range(100, 200))  # the quoted text: 100 tokens, none repeated
@@ -425,3 +425,85 @@ def test_a_burst_waiting_beside_a_stream_one_token_old_joins_it_whole() -> None:
     assert late.prefilled < len(late.req.prompt), "beside streams that took their long gap: the share"
     _, steps = _burst(0.05)
     assert steps > 1, "under budget.itl_ms the burst is chunked"
+
+
+class _Held(ScriptedModel):
+    """A ScriptedModel whose first ``held`` steps wait until the test lets them go, and that
+    stops a step as llama.cpp does when ``interrupt`` was called (nothing of it happened)."""
+
+    interruptible = True
+
+    def __init__(self, script: list[int], held: int) -> None:
+        super().__init__(script)
+        self.held = held
+        self.stop = False
+        self.entered = threading.Semaphore(0)
+        self.go = threading.Semaphore(0)
+
+    def interrupt(self, stop: bool = True) -> None:
+        self.stop = stop
+
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[int], logits: list[bool]) -> bool:
+        if self.held:
+            self.held -= 1
+            self.entered.release()
+            assert self.go.acquire(timeout=60)
+        if self.stop:
+            return False
+        return super().decode(tokens, pos, seqs, logits)
+
+
+def test_a_burst_arriving_while_the_first_prompt_runs_alone_joins_it() -> None:
+    """8 chats sent at once reach the engine one by one: the first one's prompt step begins
+    alone, the others arrive while it runs. They stop it, and the prompts run in the next
+    step together, no stream decoding beside them (as llama-server takes a burst): before,
+    7 joined beside the first one's first token and that stream took one long gap (the
+    pooled ITL p99 of 16-token answers, 361 ms against llama-server's 107). A late one of
+    the burst stops the step run again too, within half of what the step should take,
+    counted from the burst's first step; after that, an arrival waits for the step."""
+    model = _Held(list(range(1000)), held=3)
+    engine = Engine(model, 9, 256, draft_tokens=0)
+    _pin_costs(engine)
+    engine.costs.prefill_token_s = 10.0  # the step's first half lasts through the test
+
+    def req(first: int) -> GenRequest:
+        return GenRequest([first, *range(1, 30)], 200, None, lambda ev: None)
+
+    def step() -> threading.Thread:
+        t = threading.Thread(target=engine._step)
+        t.start()
+        assert model.entered.acquire(timeout=60)  # the step is in llama_decode
+        return t
+
+    engine.submit(req(500))
+    t = step()
+    for i in range(6):
+        engine.submit(req(501 + i))
+    model.go.release()
+    t.join(60)
+    assert engine.stats.interrupted == 1 and not any(s.generated for s in engine._running)
+    t = step()  # 7 prompts; the eighth arrives during it
+    engine.submit(req(507))
+    model.go.release()
+    t.join(60)
+    assert engine.stats.interrupted == 2 and not any(s.generated for s in engine._running)
+    t = step()  # all 8
+    model.go.release()
+    t.join(60)
+    assert model.widths[-1] == 8 and len(model.pos) == 8 * 30  # one step: 8 prompts, whole
+    assert sorted(s.generated for s in engine._running) == [1] * 8
+
+    # past the window (prompt tokens as good as free: its floor, JOIN_MIN_S), a request
+    # arriving waits for the step in flight
+    model = _Held(list(range(1000)), held=1)
+    engine = Engine(model, 9, 256, draft_tokens=0)
+    _pin_costs(engine)
+    engine.costs.prefill_token_s = 0.0
+    engine.submit(req(500))
+    t = step()
+    time.sleep(5 * JOIN_MIN_S)
+    engine.submit(req(501))
+    model.go.release()
+    t.join(60)
+    assert engine.stats.interrupted == 0 and [s.generated for s in engine._running] == [1]
+    assert len(engine._incoming) == 1  # it waits for the next step
