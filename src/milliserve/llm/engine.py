@@ -340,7 +340,8 @@ class Engine:
         # that all the steps stopped waste that half at most
         if not self._joined:
             self._burst_at = t0
-        joinable = not plan and m.interruptible
+        # (not a request's prompt run alone for priority: that one is not to be shared)
+        joinable = not plan and not alone and m.interruptible
         with self._join_gate:
             self._joined = False
             if joinable:

@@ -105,7 +105,8 @@ class ThreadChoice:
     def _at_best(self, size: int, threads: int, n_tokens: int) -> float | None:
         """Seconds a step of ``n_tokens`` takes on ``threads`` where the machine lets it: its
         lowest median lately at this size, else the other count's times the two counts'
-        measured ratio (``_ratio``); None where neither count has three steps at this size."""
+        measured ratio (``_ratio``); None where neither count has run at this size (the
+        other needs three steps)."""
         mine = self._base.get((size, threads), self._cost.get((size, threads), (None, 0))[0])
         if mine is not None:  # its own steps of this size (fewer than 3: their median)
             return mine * n_tokens
