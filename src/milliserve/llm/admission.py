@@ -186,3 +186,14 @@ class Preemption:
         if not over:
             return None
         return max(over, key=lambda s: (held.get(s.req.client, 0), s.admitted))
+
+    def would_preempt(self, client: str, level: int, running: list[Sequence], room: WaitingRoom) -> bool:
+        """Whether a request of ``client`` at ``level`` would suspend a running sequence
+        rather than wait for one to end (a snapshot for estimates; ``victim`` decides)."""
+        if self.priority and any(s.req.level > level for s in running):
+            return True
+        if not self.fair:
+            return False
+        share = -(-self.max_sequences // max(1, len(room.clients() | {client})))
+        held = dict(room.running)
+        return held.get(client, 0) < share and any(n > share for n in held.values())

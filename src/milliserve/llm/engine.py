@@ -33,17 +33,13 @@ from milliserve.llm.costs import StepCosts
 from milliserve.llm.drafts import Drafter, Lookup
 from milliserve.llm.sequence import Event, GenRequest, Sequence
 from milliserve.llm.slots import Slots
-from milliserve.llm.step_plan import StepBudget, build_batch
+from milliserve.llm.step_plan import JoinWindow, StepBudget, build_batch
 from milliserve.llm.threads import ThreadChoice
 from milliserve.llm.token_model import TokenModel
 from milliserve.llm.warmup import warm_up
 from milliserve.runtime.stats import GenerationStats
 
 __all__ = ["Engine", "TokenModel"]
-
-# a step of prompts only may be joined by a request arriving this soon after it began, at
-# least (StepCosts may take prompt tokens as free on a busy machine)
-JOIN_MIN_S = 0.01
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +90,8 @@ class Engine:
         self._urgent: int | None = None
         self._wake = threading.Event()
         # a step of prompts only (no stream decoding yet) may be stopped by a request that
-        # arrives before this perf_counter time, so that it joins them (submit); the lock
-        # keeps that from stopping a later step
-        self._join_gate = threading.Lock()
-        self._joinable_until = 0.0
-        self._joined = False  # the last step was stopped so
-        self._burst_at = 0.0  # when the first of the steps stopped so began
+        # arrives soon after it began, so that it joins them (submit; llm/step_plan.py)
+        self._join = JoinWindow()
         self._stop = False
         # what steps cost (llm/costs.py), seeded by warmup(); what decoding sequences draft,
         # from where, and how often those drafts are accepted (llm/drafts.py)
@@ -139,17 +131,8 @@ class Engine:
 
     def submit(self, req: GenRequest) -> None:
         self._incoming.append(req)
-        if self._joinable_until and len(self._running) + len(self._incoming) <= self.max_sequences:
-            # a burst: the first request's prompt step began an instant ago, alone. Stop it
-            # and run it again with this one (and whatever else arrives meanwhile), as
-            # llama-server's loop takes a burst that arrived together in one batch. Left to
-            # run, the others join beside its first token, and that stream takes one long
-            # gap (the pooled ITL p99 of 16-token answers: 361 ms against 107)
-            with self._join_gate:
-                if time.perf_counter() < self._joinable_until:
-                    self._joinable_until = 0.0
-                    self._joined = True
-                    self.model.interrupt()
+        if len(self._running) + len(self._incoming) <= self.max_sequences:
+            self._join.join(time.perf_counter(), self.model.interrupt)  # a burst
         if (
             self.preemption.priority
             and self.model.interruptible
@@ -210,7 +193,7 @@ class Engine:
         decoding = sum(1 for s in running if s.prefilled == len(s.req.prompt))
         wait = 0.0
         short = len(running) + len(queued) + 1 - self.max_sequences
-        if short > 0 and self._would_preempt(client, level, running):
+        if short > 0 and self.preemption.would_preempt(client, level, running, self._waiting):
             short = 0
         costs = self.costs
         if short > 0:  # a slot must free first: the short-th soonest finisher
@@ -220,18 +203,6 @@ class Engine:
         tokens = ahead + prompt_tokens
         steps = -(-tokens // max(1, self.budget.prefill(decoding)))
         return wait + steps * costs.step(decoding) + tokens * costs.prefill_token_s
-
-    def _would_preempt(self, client: str, level: int, running: list[Sequence]) -> bool:
-        """Whether a request of ``client`` at ``level`` would suspend a running sequence
-        rather than wait for one to end (a snapshot; the engine decides for real)."""
-        p = self.preemption
-        if p.priority and any(s.req.level > level for s in running):
-            return True
-        if not p.fair:
-            return False
-        share = -(-self.max_sequences // max(1, len(self._waiting.clients() | {client})))
-        held = dict(self._waiting.running)
-        return held.get(client, 0) < share and any(n > share for n in held.values())
 
     def cached(self, prompt: list[int]) -> int:
         """Prompt tokens whose KV a new request could reuse now (a kept slot or a prefix
@@ -335,30 +306,20 @@ class Engine:
         threads = choice.pick(n_tok, self.budget.itl_target_s())
         m.set_threads(threads, threads)
         t0 = time.perf_counter()
-        # prompts only: joinable within the first half of what the step should take, counted
-        # from the burst's first step (one stopped for a join runs again from the start), so
-        # that all the steps stopped waste that half at most
-        if not self._joined:
-            self._burst_at = t0
-        # (not a request's prompt run alone for priority: that one is not to be shared)
+        # prompts only (not a request's prompt run alone for priority: that one is not to
+        # be shared): joinable within half of what the step should take
         joinable = not plan and not alone and m.interruptible
-        with self._join_gate:
-            self._joined = False
-            if joinable:
-                half = max(JOIN_MIN_S, 0.5 * n_tok * self.costs.prefill_token_s)
-                self._joinable_until = self._burst_at + half
+        self._join.begin(t0, 0.5 * n_tok * self.costs.prefill_token_s if joinable else None)
         try:
             ran = m.decode(tokens, batch.pos, batch.seqs, logits)
         except Exception as exc:
-            with self._join_gate:
-                self._joinable_until = 0.0
             log.error("decode of a step of %d tokens failed: %s", len(tokens), exc)
             for s in list(self._running):
                 if s.req.cancelled or any(s is p[0] for p in plan) or any(s is p[0] for p in prefill):
                     self._finish(s, "error", time.perf_counter(), f"the engine failed: {exc}")
             return
-        with self._join_gate:
-            self._joinable_until = 0.0
+        finally:
+            self._join.end()
         if not ran:  # interrupted (submit): nothing of it happened; the next step runs
             self.stats.interrupted += 1
             return

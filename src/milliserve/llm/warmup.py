@@ -24,12 +24,11 @@ def warm_up(model: TokenModel, one: ThreadChoice, batch: ThreadChoice, costs: St
     97 ms, and a request's first dozen steps went on trials. The first decode pages the
     weights in and is not timed."""
     m = model
-    choice = one
     slot = 0
     prompt = [1] * 32
     # the first decode pages the weights in (untimed); the timed prompt comes after
     m.decode(prompt, list(range(32)), [slot] * 32, [False] * 31 + [True])
-    counts = list(dict.fromkeys((choice.default, choice.other)))  # one where both are 1
+    counts = list(dict.fromkeys((one.default, one.other)))  # one where both are 1
     times: dict[int, list[float]] = {n: [] for n in counts}
     for i in range(3 * len(counts)):
         n = counts[i % len(counts)]
@@ -37,10 +36,10 @@ def warm_up(model: TokenModel, one: ThreadChoice, batch: ThreadChoice, costs: St
         t0 = time.perf_counter()
         m.decode([1], [32 + i], [slot], [True])
         times[n].append(time.perf_counter() - t0)
-        choice.record(1, n, times[n][-1])
-    best = choice.chosen(1)
+        one.record(1, n, times[n][-1])
+    best = one.chosen(1)
     t = times[best]
-    m.set_threads(best, best if best != choice.default else batch.default)
+    m.set_threads(best, best if best != one.default else batch.default)
     pos = 32 + 3 * len(counts)
     t0 = time.perf_counter()
     m.decode(prompt, list(range(pos, pos + 32)), [slot] * 32, [False] * 31 + [True])

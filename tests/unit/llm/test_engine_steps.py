@@ -14,8 +14,9 @@ import time
 from typing import Any
 
 from milliserve.llm.drafts import Acceptance
-from milliserve.llm.engine import JOIN_MIN_S, Engine
+from milliserve.llm.engine import Engine
 from milliserve.llm.sequence import Event, GenRequest, Sequence
+from milliserve.llm.step_plan import JOIN_MIN_S
 
 PASSAGE = list(range(100, 200))  # the quoted text: 100 tokens, none repeated
 # seconds of a step by its logit tokens (one sequence with its drafts), measured on 2 vCPU
