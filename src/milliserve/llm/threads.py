@@ -11,14 +11,17 @@ PROMPT_SIZE = 16
 WINDOW = 7
 # where the other count is chosen, the config's is tried again after this many steps (doubling)
 RETRY = 16
+# a smaller size's choice of the other count carries over to a size not measured both ways
+# only where the other count measured at least this many times faster there (_prior)
+CARRY = 2.0
 
 
 class ThreadChoice:
     """How many threads a step uses: the config's count (``n_threads`` for one-token steps,
     ``n_threads_batch`` for bigger ones) unless the other count (one thread) has measured
     at least 10% faster per token, over at least 3 steps of the same size, lately. A size
-    not yet measured both ways starts where the smaller sizes measured, or where the
-    one-token steps (``fallback``) did.
+    not yet measured both ways starts on the other count where the smaller sizes, or the
+    one-token steps (``fallback``), measured it at least CARRY times faster (``_prior``).
 
     On a machine shared with other work, llama.cpp's threads can spin against the other
     processes and two threads can be slower than one, and which is faster changes with
@@ -93,14 +96,29 @@ class ThreadChoice:
         smaller size that was, else the fallback's for one-token steps, else the config's.
         Starting on the config's count, a busy machine's first steps of 8 streams took 3 s
         each on two threads until one thread's 3 trials were made (every 4th step, 27 s in
-        all), where one-token steps had already measured one thread 60 times faster."""
+        all), where one-token steps had already measured one thread 60 times faster.
+
+        The other count carries over only where it measured CARRY times faster: a smaller
+        step's modest edge for one thread is the second thread's fixed cost at each op,
+        which a bigger step spreads over more rows. On an idle 2 vCPU VM one-token steps took
+        8.8 ms on one thread and 10.5-12.4 on two; carried over, a burst's 50 prompt tokens
+        took 261 ms on one thread, where 64 took 167 on two (a round's TTFT p99 493 ms, the
+        others' 257-273), and its first steps of 8 streams 55 ms against 30. Two threads
+        twice as slow on the smallest steps is not that cost but a descheduled thread (other
+        work on the cores), and that slows a step of any size."""
         below = self._measured_below(size)
         if below is not None:
-            return self._better(below)
+            return self._carried(below)
         fb = self.fallback
-        if fb is not None and fb.other == self.other and fb.chosen(1) == fb.other:
-            return self.other
+        if fb is not None and fb.other == self.other and fb._both(1):
+            return fb._carried(1)
         return self.default
+
+    def _carried(self, size: int) -> int:
+        """The count a bigger size not measured both ways starts on, from ``size`` (measured
+        both ways): the other where it measured CARRY times faster, else the config's."""
+        mine, alt = self._cost[(size, self.default)][0], self._cost[(size, self.other)][0]
+        return self.other if CARRY * alt <= mine else self.default
 
     def _at_best(self, size: int, threads: int, n_tokens: int) -> float | None:
         """Seconds a step of ``n_tokens`` takes on ``threads`` where the machine lets it: its

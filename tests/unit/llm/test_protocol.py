@@ -300,3 +300,28 @@ def test_prompt_chunks_are_not_tried_on_the_slower_count() -> None:
         tc.record(8, 2, 0.004)
         tc.record(8, 1, 0.008)
     assert tc.pick(300) == 2
+
+
+def test_a_modest_edge_for_one_thread_on_small_steps_does_not_carry_to_big_ones() -> None:
+    """On an idle 2 vCPU VM one-token steps took 8.8 ms on one thread and 10.5-12.4 on two
+    (the second thread's fixed cost at each op), and prompt chunks and the first steps of 8
+    streams followed them: a burst's 50 prompt tokens took 261 ms on one thread, where 64
+    took 167 on two. A smaller size's choice of one thread carries over only where it was
+    CARRY times faster: a descheduled thread (a busy machine), not a fixed cost."""
+    from milliserve.llm.threads import CARRY, ThreadChoice
+
+    single, batch = ThreadChoice(1, 2), ThreadChoice(1, 2)
+    batch.fallback = single
+    for _ in range(3):  # the warm-up's one-token steps, both ways: one thread 1.3x faster
+        single.record(1, 2, 0.0115)
+        single.record(1, 1, 0.0088)
+    assert single.chosen(1) == 1  # where it was measured, the faster count is kept
+    assert batch.pick(50) == 2 and batch.pick(8, 0.050) == 2
+    for _ in range(3):  # one stream with 2 drafts, both ways: one thread still a bit faster
+        batch.record(3, 2, 0.0100)
+        batch.record(3, 1, 0.0090)
+    assert batch.chosen(3) == 1 and batch.pick(64) == 2 and batch.pick(8, 0.050) == 2
+    # a busy machine: two threads more than CARRY times slower on the small steps
+    for _ in range(7):
+        batch.record(3, 2, 0.0090 * CARRY * 1.1)
+    assert batch.pick(64) == 1 and batch.pick(8, 0.050) == 1
