@@ -204,7 +204,7 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
         "refused_budget": "Requests refused because their first token would miss budget.ttft_ms",
         "refused_share": "Requests refused because their client already had its share of the queue",
         "preempted": "Sequences suspended (KV to host memory) so that another client's could run",
-        "interrupted": "Steps stopped in flight so that a higher-priority prompt could run at once",
+        "interrupted": "Steps stopped in flight for a priority prompt, or for a burst's next prompt to join",
         "draft_tokens": "Tokens drafted for speculative decoding",
         "accepted_tokens": "Drafted tokens the model accepted",
         "recalled_tokens": "Of the drafted tokens, those drafted from earlier answers (draft_memory_tokens)",

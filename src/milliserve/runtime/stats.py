@@ -100,7 +100,7 @@ class GenerationStats:
     refused_budget: int = 0
     refused_share: int = 0  # refused because their client's queue was over its share
     preempted: int = 0  # sequences suspended so that another could run (llm.admission)
-    interrupted: int = 0  # steps stopped in flight for a higher-priority request's prompt
+    interrupted: int = 0  # steps stopped in flight for a higher-priority prompt, or for a burst to join
     suspended: Callable[[], int] = lambda: 0
     draft_tokens: int = 0
     accepted_tokens: int = 0

@@ -508,3 +508,39 @@ def test_a_burst_arriving_while_the_first_prompt_runs_alone_joins_it() -> None:
     t.join(60)
     assert engine.stats.interrupted == 0 and [s.generated for s in engine._running] == [1]
     assert len(engine._incoming) == 1  # it waits for the next step
+
+
+def test_a_request_arriving_while_a_prompt_step_is_planned_is_taken_into_it() -> None:
+    """Admission copies each prompt's cached prefix before the step begins; a burst's chats
+    arriving meanwhile found no step in flight to stop, and waited it out: 3 chats of a
+    burst waited out a 112 ms step of 5 prompts, then took one of 93 ms. They are taken
+    into the step, planned again, with no step run or stopped; a step with streams
+    decoding is not held back so."""
+
+    class Arriving(ScriptedModel):
+        """Requests arrive as the engine sets the step's threads (after planning it)."""
+
+        def __init__(self, script: list[int]) -> None:
+            super().__init__(script)
+            self.arrive: list[GenRequest] = []
+
+        def set_threads(self, n: int, n_batch: int) -> None:
+            if self.arrive:
+                engine.submit(self.arrive.pop())
+
+    def req(first: int) -> GenRequest:
+        return GenRequest([first, *range(1, 30)], 200, None, lambda ev: None)
+
+    model = Arriving(list(range(1000)))
+    engine = Engine(model, 9, 256, draft_tokens=0)
+    _pin_costs(engine)
+    engine.submit(req(500))
+    model.arrive = [req(503), req(502), req(501)]  # one at each planning: 3 plans again
+    while not engine._running or any(s.prefilled < len(s.req.prompt) for s in engine._running):
+        engine._step()
+    assert model.widths == [4] and len(model.pos) == 4 * 30  # one step: 4 prompts, whole
+    assert engine.stats.interrupted == 0
+    # beside decoding streams, an arrival waits for the next step
+    model.arrive = [req(504)]
+    engine._step()
+    assert model.widths[-1] == 4 and len(engine._incoming) == 1
