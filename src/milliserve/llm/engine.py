@@ -306,11 +306,9 @@ class Engine:
         threads = choice.pick(n_tok, self.budget.itl_target_s())
         m.set_threads(threads, threads)
         t0 = time.perf_counter()
-        # prompts only (not a request's prompt run alone for priority: that one is not to
-        # be shared): a request arriving in the first half of what the step should take
-        # stops it to join it (JoinWindow), and one that arrived while it was planned
-        # (admission copies each prompt's cached prefix) is taken into it, planned again.
-        # Else a burst's last 3 chats waited out a 112 ms step of 5 prompts, then took 93 ms
+        # prompts only (not a prompt run alone for priority): a request arriving in the first
+        # half of the step stops it to join (JoinWindow); one that arrived while it was
+        # planned is taken into it, planned again (docs/design.md: a burst split in two)
         joinable = not plan and not alone
         half = 0.5 * n_tok * self.costs.prefill_token_s
         self._join.begin(t0, half if joinable and m.interruptible else None)
