@@ -544,3 +544,30 @@ def test_a_request_arriving_while_a_prompt_step_is_planned_is_taken_into_it() ->
     model.arrive = [req(504)]
     engine._step()
     assert model.widths[-1] == 4 and len(engine._incoming) == 1
+
+
+def test_a_priority_prompt_run_alone_is_not_joined_by_a_later_arrival() -> None:
+    """A priority request's prompt runs alone in the step after it stopped the streams' step,
+    so that its first token does not share a step with theirs. A request arriving while
+    that step runs is not a burst to join: it neither stops the step nor joins it."""
+    model = _Held(list(range(1000)), held=0)
+    engine = Engine(model, 9, 256, draft_tokens=0, preemption="priority")
+    _pin_costs(engine)
+    engine.costs.prefill_token_s = 10.0  # a step of prompts only would be joinable throughout
+
+    def req(first: int, level: int) -> GenRequest:
+        return GenRequest([first, *range(1, 30)], 200, None, lambda ev: None, level=level)
+
+    engine.submit(req(500, 1))
+    engine._step()  # the background stream's prompt and first token
+    engine.submit(req(600, 0))  # priority: stops the step in flight (none here), runs alone next
+    model.held = 1
+    t = threading.Thread(target=engine._step)
+    t.start()
+    assert model.entered.acquire(timeout=60)  # the priority prompt's step is in llama_decode
+    engine.submit(req(700, 1))
+    model.go.release()
+    t.join(60)
+    assert engine.stats.interrupted == 0 and model.widths[-1] == 1 and len(model.pos) == 30
+    assert sorted((s.req.level, s.generated) for s in engine._running) == [(0, 1), (1, 1)]
+    assert len(engine._incoming) == 1  # it waits for the next step
