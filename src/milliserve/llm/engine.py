@@ -89,9 +89,7 @@ class Engine:
         # (preemption: priority). The step in flight stops, and the next one is its prefill alone
         self._urgent: int | None = None
         self._wake = threading.Event()
-        # a step of prompts only (no stream decoding yet) may be stopped by a request that
-        # arrives soon after it began, so that it joins them (submit; llm/step_plan.py)
-        self._join = JoinWindow()
+        self._join = JoinWindow()  # a burst joins a step of prompts only (llm/step_plan.py)
         self._stop = False
         # what steps cost (llm/costs.py), seeded by warmup(); what decoding sequences draft,
         # from where, and how often those drafts are accepted (llm/drafts.py)
@@ -131,7 +129,7 @@ class Engine:
 
     def submit(self, req: GenRequest) -> None:
         self._incoming.append(req)
-        if len(self._running) + len(self._incoming) <= self.max_sequences:
+        if self._room():
             self._join.join(time.perf_counter(), self.model.interrupt)  # a burst
         if (
             self.preemption.priority
@@ -143,6 +141,9 @@ class Engine:
             self._urgent = req.level if self._urgent is None else min(self._urgent, req.level)
             self.model.interrupt()
         self._wake.set()
+
+    def _room(self) -> bool:  # a slot for every request not yet admitted (a burst may join)
+        return len(self._running) + len(self._incoming) <= self.max_sequences
 
     def cancel(self, req: GenRequest) -> None:
         req.cancelled = True
@@ -312,7 +313,7 @@ class Engine:
         joinable = not plan and not alone
         half = 0.5 * n_tok * self.costs.prefill_token_s
         self._join.begin(t0, half if joinable and m.interruptible else None)
-        if joinable and self._incoming and len(self._running) + len(self._incoming) <= self.max_sequences:
+        if joinable and self._incoming and self._room():
             self._join.end()
             return
         try:

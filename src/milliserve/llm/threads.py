@@ -110,8 +110,8 @@ class ThreadChoice:
         if below is not None:
             return self._carried(below)
         fb = self.fallback
-        if fb is not None and fb.other == self.other and fb._both(1):
-            return fb._carried(1)
+        if fb is not None and fb.other == self.other and fb._both(1) and fb._carried(1) == fb.other:
+            return self.other
         return self.default
 
     def _carried(self, size: int) -> int:
