@@ -4,7 +4,9 @@ backend, called with the openai SDK, tritonclient's gRPC streaming client, and r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import queue
 import socket
 import time
@@ -267,6 +269,44 @@ def test_disconnect_frees_the_sequence(llm_server: ServerProcess) -> None:
         what="the abandoned request counted as aborted",
     )
     wait_until(lambda: _metric(llm_server, "milliserve_generation_kv_tokens") == 0, what="KV use back to 0")
+
+
+def test_a_stream_whose_client_stops_reading_is_dropped_and_frees_its_slot(
+    tmp_path: Path, llm_repo: Path
+) -> None:
+    """A client that stays connected but stops reading: once the stream's buffers are full,
+    a chunk waits at most ``stream_write_timeout_s``, then the sequence is cancelled and the
+    connection closed. (A chunk written while nothing is queued skips that timer: this is
+    what must still hold once the writes back up.)"""
+    env = {
+        **os.environ,
+        "MILLISERVE_HTTP__STREAM_WRITE_TIMEOUT_S": "1",
+        "MILLISERVE_HTTP__STREAM_BUFFER_BYTES": "4096",
+    }
+    with ServerProcess(_no_budget_repo(tmp_path, llm_repo), env=env) as server:
+        aborted = _metric(server, "milliserve_generation_finished_total", reason="abort")
+        body = {"model": MODEL, "prompt": "Write a long essay about the sea.", "max_tokens": 1500}
+        data = json.dumps({**body, "stream": True, "ignore_eos": True}).encode()
+        host, port = server.http_url.split(":")
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+            s.connect((host, int(port)))
+            head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            got = b""
+            while b"data:" not in got:  # the stream has begun; from here on nothing is read
+                more = s.recv(4096)
+                assert more, f"the server closed the connection: {got[:300]!r}"
+                got += more
+            finished = lambda: _metric(server, "milliserve_generation_finished_total", reason="abort")  # noqa: E731
+            wait_until(lambda: finished() == aborted + 1, what="the unread stream ended")
+            kv = lambda: _metric(server, "milliserve_generation_kv_tokens")  # noqa: E731
+            wait_until(lambda: kv() == 0, what="KV use back to 0")
+            assert _metric(server, "milliserve_generation_running") == 0
+            s.settimeout(60)
+            with contextlib.suppress(ConnectionResetError):  # what it had sent, then the close
+                while s.recv(65536):
+                    pass
 
 
 def test_stop_strings_max_tokens_and_seeds(client: openai.OpenAI) -> None:

@@ -36,6 +36,7 @@ from milliserve.errors import (
 )
 from milliserve.llm.engine import Engine
 from milliserve.llm.fields import LOWEST_PRIORITY
+from milliserve.llm.outbox import outbox_of
 from milliserve.llm.protocol import GenerationParams, parse_generate
 from milliserve.llm.sequence import Event, GenRequest
 from milliserve.protocol.datatypes import BYTES
@@ -347,11 +348,11 @@ class GenerativeServable:
                     f"({engine.running} running, {engine.waiting} waiting), over the budget of "
                     f"{self.ttft_budget_s * 1e3:.0f} ms (budget.ttft_ms); retry later"
                 )
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
+        put = outbox_of(asyncio.get_running_loop()).put
 
         def emit(ev: Event) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, ev)
+            put(queue, ev)
 
         from milliserve.backends.llama_cpp import SamplerSpec
 

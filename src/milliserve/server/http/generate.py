@@ -320,9 +320,15 @@ class GenerateRoutes:
             async for chunk in chunks:
                 if gone.is_set():
                     raise _Gone
+                body = {"type": "http.response.body", "body": chunk, "more_body": True}
+                if transport is not None and not transport.get_write_buffer_size():
+                    # nothing is queued, so the write cannot wait for the client: no timer (a
+                    # timer a token was a tenth of the loop's work for a stream)
+                    await send(body)
+                    continue
                 try:
                     async with asyncio.timeout(self.write_timeout_s):
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        await send(body)
                 except TimeoutError:  # the client stopped reading: free its slot, drop it
                     self.stalled += 1
                     gone.set()
