@@ -28,8 +28,9 @@ Its parts, each written into its own section of docs/benchmarks.md:
   with ``budget`` set to that SLO (it refuses, 429, what its estimate says would be late);
   llama-server at the settings ``llm-peers``'s sweep chooses (swept once when both run).
 
-Every llama-server sweep also tries ``-fa off`` and the KV cache type milliserve runs with
-(``--cache-type``).
+Every llama-server sweep also tries ``-fa off`` and a q8_0 KV cache (or the one milliserve
+runs with, ``--cache-type``). milliserve's own KV cache type is chosen the same way: the
+faster at 8 streams of f16 and q8_0 (``--cache-type auto``, the default).
 - ``llm-structured`` and ``llm-priority`` (``--parts structured,priority``, not in the
   default parts): what a JSON schema costs in tokens/s, and a ``priority: 1`` request's
   TTFT under 8 background streams against an idle server (benchmarks/llm_features.py).
@@ -587,9 +588,10 @@ def main() -> None:
     ap.add_argument("--pair-seconds", type=float, default=10.0, help="speculation: measured seconds of each")
     ap.add_argument(
         "--cache-type",
-        default="q8_0",
-        help="milliserve's KV cache type (cache_type_k and cache_type_v; f16: its default); "
-        "llama-server's sweeps try it too (-ctk/-ctv)",
+        default="auto",
+        help="milliserve's KV cache type (cache_type_k and cache_type_v; f16: its default). "
+        "auto: the faster of f16 and q8_0 at 8 streams, measured first (on the Intel VM of "
+        "earlier runs q8_0 was, on an AMD EPYC f16); llama-server's sweeps try q8_0 too (-ctk/-ctv)",
     )
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama_cpp.server row")
     ap.add_argument("--quick", action="store_true", help="structured/priority: a short check, no section")
@@ -601,16 +603,20 @@ def main() -> None:
     parts = set(args.parts.split(","))
     work = Path(tempfile.mkdtemp(prefix="ms-llm-bench-"))
     cores = len(os.sched_getaffinity(0))
-    ct = args.cache_type
-    base = {"n_ctx": "2048", **({} if ct == "f16" else {"cache_type_k": ct, "cache_type_v": ct})}
+    ct, chosen = args.cache_type, ""
+    if ct == "auto":  # measured only for the parts that run beside llama-server
+        peered = parts - {"structured", "priority"}
+        ct, chosen = cache_sweep(gguf, work, args.sweep_seconds) if peered else ("f16", "")
+    base = _kv(ct)
     repo = write_repo(work / "repo", gguf, "smollm2", base)
     where = (
-        f"Commit {commit()}; {platform.processor() or platform.machine()}, {cores} vCPU shared by the "
-        f"servers and the client; Python {platform.python_version()}; milliserve at its defaults "
-        f"(threads: the cores, one thread where that measures faster; 8 sequences)"
+        f"Commit {commit()}; {cpu_name()}, {cores} vCPU shared by the servers and the client; "
+        f"Python {platform.python_version()}; milliserve at its defaults (threads: the cores, one "
+        "thread where that measures faster; 8 sequences)"
         + ("" if ct == "f16" else f" but for a {ct} KV cache (`cache_type_k`, `cache_type_v`)")
+        + chosen
     )
-    attention = attention_flags(ct)
+    attention = attention_flags("q8_0" if ct == "f16" else ct)
     if "structured" in parts:
         rounds, secs = (1, 3.0) if args.quick else (args.rounds, args.duration)
         text = structured_part(repo, rounds, secs, where)
@@ -725,7 +731,7 @@ def main() -> None:
             f"on {fmt_short(summary(alt_on))}, off {fmt_short(summary(alt_off))}.\n",
         )
     if "speculation-fresh" in parts:
-        fresh_part(gguf, repo, args, where)
+        fresh_part(gguf, repo, args, where, attention)
     if "openloop" in parts:
         slo = (500.0, 60.0)
         budgeted = write_repo(
@@ -779,6 +785,41 @@ def main() -> None:
         )
 
 
+def _kv(cache_type: str) -> dict[str, str]:
+    """A milliserve repository's parameters for a KV cache of ``cache_type``."""
+    kv = {} if cache_type == "f16" else {"cache_type_k": cache_type, "cache_type_v": cache_type}
+    return {"n_ctx": "2048", **kv}
+
+
+def cache_sweep(gguf: Path, work: Path, seconds: float) -> tuple[str, str]:
+    """milliserve's KV cache type, as llama-server's settings are chosen: the faster at 8
+    streams of chats of f16 (its default) and q8_0, in 2 passes with the order reversed.
+    Which wins depends on the CPU: q8_0 made a one-token step 1.5x faster on the Intel VM of
+    earlier runs (docs/design.md), f16 8 streams 1.05x faster on an AMD EPYC. Returns the
+    type and a clause saying what was measured."""
+    types = ("f16", "q8_0")
+    got: dict[str, list[float]] = {t: [] for t in types}
+    measure = closed_loop(8, lambda r: chats(len(CHATS), r), seconds)
+    for k in range(2):
+        for t in types if k % 2 == 0 else types[::-1]:
+            with ServerProcess(write_repo(work / f"kv-{t}", gguf, "smollm2", _kv(t))) as srv:
+                got[t].append(measure(f"http://{srv.http_url}"))
+            print(f"sweep milliserve {t} KV cache: {got[t][-1]:.1f}", flush=True)
+    mean = {t: statistics.mean(v) for t, v in got.items()}
+    best = max(types, key=lambda t: mean[t])
+    tried = " and ".join(f"{t} {mean[t]:.0f}" for t in types)
+    return best, f"; its KV cache type the faster at 8 streams of {tried} tok/s (mean of 2 passes)"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
 def attention_flags(cache_type: str) -> tuple[tuple[str, ...], ...]:
     """llama-server's attention settings a sweep tries: flash attention on (its default on
     the CPU) and off (1.2x faster here at one stream with speculation, though its greedy
@@ -816,7 +857,9 @@ def speculation_rows(
     ]
 
 
-def fresh_part(gguf: Path, repo: Path, args: argparse.Namespace, where: str) -> None:
+def fresh_part(
+    gguf: Path, repo: Path, args: argparse.Namespace, where: str, attention: tuple[tuple[str, ...], ...]
+) -> None:
     """Grounded prompts over texts new to every server (``fresh_grounded``) at one stream:
     in ``llm-speculation`` the same four prompts come back, and llama-server's ngram-cache
     keeps a slot's n-grams from one request to the next (its ``begin`` is a no-op), so its
@@ -824,7 +867,7 @@ def fresh_part(gguf: Path, repo: Path, args: argparse.Namespace, where: str) -> 
     milliserve runs as two servers (speculation on, off), so that neither finds a text in
     its prefix cache that the other row's requests put there."""
     secs = max(args.sweep_seconds, 20.0)  # a fresh text's prompt costs about 0.4 s here
-    ls_spec, tried, ls_plain = speculation_peers(gguf, fresh_grounded, secs, attention_flags(args.cache_type))
+    ls_spec, tried, ls_plain = speculation_peers(gguf, fresh_grounded, secs, attention)
     try:
         with ServerProcess(repo) as on, ServerProcess(repo) as off:
             servers = speculation_rows(f"http://{on.http_url}", ls_spec, f"http://{off.http_url}", ls_plain)
