@@ -64,6 +64,7 @@ from llm_features import priority_part, structured_part
 from peers.llama_server import LlamaServer
 from report_sections import commit, write_section
 
+from milliserve.bench.runner import cpu_model
 from milliserve.examples.smollm2 import packaged_gguf
 from milliserve.testing import ServerProcess, free_port
 
@@ -610,7 +611,7 @@ def main() -> None:
     base = _kv(ct)
     repo = write_repo(work / "repo", gguf, "smollm2", base)
     where = (
-        f"Commit {commit()}; {cpu_name()}, {cores} vCPU shared by the servers and the client; "
+        f"Commit {commit()}; {cpu_model()}, {cores} vCPU shared by the servers and the client; "
         f"Python {platform.python_version()}; milliserve at its defaults (threads: the cores, one "
         "thread where that measures faster; 8 sequences)"
         + ("" if ct == "f16" else f" but for a {ct} KV cache (`cache_type_k`, `cache_type_v`)")
@@ -809,15 +810,6 @@ def cache_sweep(gguf: Path, work: Path, seconds: float) -> tuple[str, str]:
     best = max(types, key=lambda t: mean[t])
     tried = " and ".join(f"{t} {mean[t]:.0f}" for t in types)
     return best, f"; its KV cache type the faster at 8 streams of {tried} tok/s (mean of 2 passes)"
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        return platform.processor() or platform.machine()
 
 
 def attention_flags(cache_type: str) -> tuple[tuple[str, ...], ...]:

@@ -32,6 +32,7 @@ __all__ = [
     "BenchReport",
     "Progress",
     "client_workers",
+    "cpu_model",
     "machine_info",
     "run_bench",
 ]
@@ -87,16 +88,21 @@ class BenchReport:
         return doc
 
 
-def machine_info(workers: int) -> dict[str, Any]:
-    """The CPU, its core count and the client's process count, for every report."""
-    model = platform.processor()
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what ``platform`` says."""
+    model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
     except OSError:
         pass
+    return model
+
+
+def machine_info(workers: int) -> dict[str, Any]:
+    """The CPU, its core count and the client's process count, for every report."""
     return {
-        "cpu": model,
+        "cpu": cpu_model(),
         "cores": os.cpu_count() or 1,
         "client_workers": workers,
         "python": platform.python_version(),
