@@ -282,6 +282,7 @@ class Engine:
         # prompts, starting together, speculation on made 0.93x the tokens/s of off
         prefilling = len(decoding) < len(self._running)
         speculate = self.drafter.draft_tokens > 0 and len(decoding) < self.speculate_below and not prefilling
+        speculate = speculate and any(s.req.speculate for s in decoding)  # else no room to size
         # drafts make a step longer for every stream, accepted or not: all of a step's drafts
         # together stay within what keeps the step in the ITL target
         room = self.budget.draft_room(len(decoding)) if speculate else 0
