@@ -11,8 +11,9 @@ Its parts, each written into its own section of docs/benchmarks.md:
 
 - ``llm-peers``: 1 and 8 concurrent streaming chats, closed loops, rounds interleaved
   (the servers' order rotates): TTFT, ITL, end-to-end p50/p99, aggregate output
-  tokens/s. llama-server runs at its best settings, swept first (``-t`` 1/2, ``-np``
-  8/16, attention).
+  tokens/s. Each load runs each server at its own best settings for that load, swept
+  at that load first: llama-server's ``-t`` 1/2, ``-np`` 8/16 and attention, milliserve's
+  KV cache type.
 - ``llm-speculation``: grounded prompts (summarise/extract/rewrite a quoted text) at 1 and
   8 streams: milliserve with prompt-lookup speculation on and off, llama-server with its
   best n-gram ``--spec-type`` (swept) and without; then milliserve on against off at 8
@@ -30,7 +31,8 @@ Its parts, each written into its own section of docs/benchmarks.md:
 
 Every llama-server sweep also tries ``-fa off`` and a q8_0 KV cache (or the one milliserve
 runs with, ``--cache-type``). milliserve's own KV cache type is chosen the same way: the
-faster at 8 streams of f16 and q8_0 (``--cache-type auto``, the default).
+faster at 8 streams of f16 and q8_0 (``--cache-type auto``, the default), and for
+``llm-peers``'s other loads the faster at that load.
 - ``llm-structured`` and ``llm-priority`` (``--parts structured,priority``, not in the
   default parts): what a JSON schema costs in tokens/s, and a ``priority: 1`` request's
   TTFT under 8 background streams against an idle server (benchmarks/llm_features.py).
@@ -545,11 +547,13 @@ def sweep(
     return LlamaServer(gguf, free_port(), t, np_, 2048, *flags), ", ".join(tried)
 
 
-def peer_sweep(gguf: Path, attention: tuple[tuple[str, ...], ...], seconds: float) -> tuple[LlamaServer, str]:
-    """llama-server at its fastest ``-t``/``-np``/attention setting for 8 streams of chats
-    (``llm-peers`` and ``llm-open-loop`` both compare against it)."""
+def peer_sweep(
+    gguf: Path, attention: tuple[tuple[str, ...], ...], seconds: float, streams: int = 8
+) -> tuple[LlamaServer, str]:
+    """llama-server at its fastest ``-t``/``-np``/attention setting for ``streams`` streams
+    of chats (at 8, ``llm-peers`` and ``llm-open-loop`` both compare against it)."""
     options = [(t, n, f) for t in (2, 1) for n in (8, 16) for f in attention]
-    return sweep(gguf, options, closed_loop(8, lambda r: chats(len(CHATS), r), seconds))
+    return sweep(gguf, options, closed_loop(streams, lambda r: chats(len(CHATS), r), seconds))
 
 
 def prefix_sweep(gguf: Path, attention: tuple[tuple[str, ...], ...]) -> tuple[LlamaServer, str]:
@@ -592,7 +596,8 @@ def main() -> None:
         default="auto",
         help="milliserve's KV cache type (cache_type_k and cache_type_v; f16: its default). "
         "auto: the faster of f16 and q8_0 at 8 streams, measured first (on the Intel VM of "
-        "earlier runs q8_0 was, on an AMD EPYC f16); llama-server's sweeps try q8_0 too (-ctk/-ctv)",
+        "earlier runs q8_0 was, on an AMD EPYC f16), and for llm-peers' other loads the faster "
+        "at that load; llama-server's sweeps try q8_0 too (-ctk/-ctv)",
     )
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama_cpp.server row")
     ap.add_argument("--quick", action="store_true", help="structured/priority: a short check, no section")
@@ -610,10 +615,13 @@ def main() -> None:
         ct, chosen = cache_sweep(gguf, work, args.sweep_seconds) if peered else ("f16", "")
     base = _kv(ct)
     repo = write_repo(work / "repo", gguf, "smollm2", base)
-    where = (
+    machine = (
         f"Commit {commit()}; {cpu_model()}, {cores} vCPU shared by the servers and the client; "
         f"Python {platform.python_version()}; milliserve at its defaults (threads: the cores, one "
         "thread where that measures faster; 8 sequences)"
+    )
+    where = (
+        machine
         + ("" if ct == "f16" else f" but for a {ct} KV cache (`cache_type_k`, `cache_type_v`)")
         + chosen
     )
@@ -634,54 +642,7 @@ def main() -> None:
         return swept[0][0].again(), swept[0][1]
 
     if "peers" in parts:
-        peer, tried = best_at_eight()
-        second = None if args.no_llama_cpp_python else Peer(gguf, 1, cores, 2048)
-        try:
-            with ServerProcess(repo) as ours:
-                servers: list[tuple[str, str, dict[str, Any]]] = [
-                    ("milliserve", f"http://{ours.http_url}", {"speculative": False}),
-                    ("llama-server", peer.url, {}),
-                ]
-                if second is not None:
-                    servers.append(("llama_cpp.server", second.url, {}))
-                peer_raw: dict[tuple[str, int], list[Level]] = {}
-                res = asyncio.run(
-                    closed_loops(servers, levels, args.rounds, args.max_tokens, args.duration, raw=peer_raw)
-                )
-        finally:
-            peer.stop()
-            if second is not None:
-                second.stop()
-        names = ("milliserve", "llama-server", "llama_cpp.server")
-        rows = [
-            f"| {name} | {n} | {fmt(res[(name, n)])} |" for n in levels for name in names if (name, n) in res
-        ]
-        ratios = []
-        for n in levels:
-            a, b = res[("milliserve", n)], res[("llama-server", n)]
-            by_round = paired(peer_raw[("milliserve", n)], peer_raw[("llama-server", n)])
-            ratios.append(
-                f"{n} stream{'s' if n > 1 else ''}: tokens/s {a['tok_s'] / b['tok_s']:.2f}×, TTFT p99 "
-                f"{a['ttft_p99'] / b['ttft_p99']:.2f}×, ITL p99 {a['itl_p99'] / b['itl_p99']:.2f}×; "
-                f"tokens/s round by round {by_round}"
-            )
-        write_section(
-            "llm-peers",
-            "## Streaming chat: milliserve vs llama-server (benchmarks/llm.py)\n\n"
-            f"{where}. llama-server {_flags(peer)} (built from the llama.cpp that llama-cpp-python "
-            f"vendors), the fastest at 8 streams of (mean of 2 passes, order reversed): {tried} tok/s"
-            + ("" if second is None else f"; llama_cpp.server `-t 1 -tb {cores}`")
-            + ". "
-            'Speculation off on every server (milliserve per request, `"speculative": false`; the '
-            "prompts are open chats). SmolLM2-135M-Instruct Q4_1, "
-            f"greedy, at most {args.max_tokens} tokens, {args.rounds} rounds, the servers' order rotating; "
-            "each level is a closed loop of N streams (each sends its next chat as its last one ends); "
-            + measured(args.duration, args.rounds)
-            + f"\n\n{HEAD}\n"
-            + "\n".join(rows)
-            + "\n\nmilliserve / llama-server (tokens/s: the ratio of the medians, then the ratio "
-            "of each round's pair, which ran side by side): " + "; ".join(ratios) + ".\n",
-        )
+        write_section("llm-peers", peers_part(args, gguf, work, levels, machine, (ct, chosen), best_at_eight))
     if "speculation" in parts:
         ls_spec, tried, ls_plain = speculation_peers(gguf, grounded, args.sweep_seconds, attention)
         try:
@@ -786,30 +747,118 @@ def main() -> None:
         )
 
 
+def peers_part(
+    args: Any,
+    gguf: Path,
+    work: Path,
+    levels: list[int],
+    machine: str,
+    cache: tuple[str, str],
+    best_at_eight: Any,
+) -> str:
+    """``llm-peers``: each load with each server at its own best settings for that load,
+    swept at that load first: llama-server's ``-t``/``-np``/attention (``peer_sweep``),
+    milliserve's KV cache type (``cache_sweep``, with ``--cache-type auto``). One setting
+    for both loads made one row a coin toss: 2 passes at 8 streams chose q8_0 over f16 by
+    283 to 274 tok/s, and on that AMD EPYC q8_0 makes a one-token step 5-9% slower than f16,
+    which is what one stream waits on. ``cache``: the type (and its clause) chosen at 8
+    streams, or given; ``best_at_eight``: llama-server at its 8-stream settings."""
+    cores = len(os.sched_getaffinity(0))
+    res: dict[tuple[str, int], dict[str, float]] = {}
+    raw: dict[tuple[str, int], list[Level]] = {}
+    settings: list[str] = []
+    for n in levels:
+        ct, chosen = cache
+        if args.cache_type == "auto" and n != 8:
+            ct, chosen = cache_sweep(gguf, work, args.sweep_seconds, n)
+        if n == 8:
+            peer, tried = best_at_eight()
+        else:
+            peer, tried = peer_sweep(
+                gguf, attention_flags("q8_0" if ct == "f16" else ct), args.sweep_seconds, n
+            )
+        second = None if args.no_llama_cpp_python else Peer(gguf, 1, cores, 2048)
+        try:
+            with ServerProcess(write_repo(work / f"peers-{n}", gguf, "smollm2", _kv(ct))) as ours:
+                servers: list[tuple[str, str, dict[str, Any]]] = [
+                    ("milliserve", f"http://{ours.http_url}", {"speculative": False}),
+                    ("llama-server", peer.url, {}),
+                ]
+                if second is not None:
+                    servers.append(("llama_cpp.server", second.url, {}))
+                res.update(
+                    asyncio.run(
+                        closed_loops(servers, [n], args.rounds, args.max_tokens, args.duration, raw=raw)
+                    )
+                )
+        finally:
+            peer.stop()
+            if second is not None:
+                second.stop()
+        settings.append(
+            f"**{n} stream{'s' if n > 1 else ''}:** milliserve with a {ct} KV cache{chosen or ''}; "
+            f"llama-server {_flags(peer)}, the fastest at {n} stream{'s' if n > 1 else ''} of (mean of "
+            f"2 passes, order reversed): {tried} tok/s"
+        )
+    names = ("milliserve", "llama-server", "llama_cpp.server")
+    rows = [f"| {name} | {n} | {fmt(res[(name, n)])} |" for n in levels for name in names if (name, n) in res]
+    ratios = []
+    for n in levels:
+        a, b = res[("milliserve", n)], res[("llama-server", n)]
+        by_round = paired(raw[("milliserve", n)], raw[("llama-server", n)])
+        ratios.append(
+            f"{n} stream{'s' if n > 1 else ''}: tokens/s {a['tok_s'] / b['tok_s']:.2f}×, TTFT p99 "
+            f"{a['ttft_p99'] / b['ttft_p99']:.2f}×, ITL p99 {a['itl_p99'] / b['itl_p99']:.2f}×; "
+            f"tokens/s round by round {by_round}"
+        )
+    return (
+        "## Streaming chat: milliserve vs llama-server (benchmarks/llm.py)\n\n"
+        f"{machine}. Each load runs each server at its own best settings for that load, swept "
+        "at that load just before it (llama-server built from the llama.cpp that "
+        "llama-cpp-python vendors):\n\n"
+        + "".join(f"- {x}\n" for x in settings)
+        + ("" if args.no_llama_cpp_python else f"- llama_cpp.server `-t 1 -tb {cores}`\n")
+        + "\n"
+        'Speculation off on every server (milliserve per request, `"speculative": false`; the '
+        "prompts are open chats). SmolLM2-135M-Instruct Q4_1, "
+        f"greedy, at most {args.max_tokens} tokens, {args.rounds} rounds, the servers' order rotating; "
+        "each level is a closed loop of N streams (each sends its next chat as its last one ends); "
+        + measured(args.duration, args.rounds)
+        + f"\n\n{HEAD}\n"
+        + "\n".join(rows)
+        + "\n\nmilliserve / llama-server (tokens/s: the ratio of the medians, then the ratio "
+        "of each round's pair, which ran side by side): " + "; ".join(ratios) + ".\n"
+    )
+
+
 def _kv(cache_type: str) -> dict[str, str]:
     """A milliserve repository's parameters for a KV cache of ``cache_type``."""
     kv = {} if cache_type == "f16" else {"cache_type_k": cache_type, "cache_type_v": cache_type}
     return {"n_ctx": "2048", **kv}
 
 
-def cache_sweep(gguf: Path, work: Path, seconds: float) -> tuple[str, str]:
-    """milliserve's KV cache type, as llama-server's settings are chosen: the faster at 8
-    streams of chats of f16 (its default) and q8_0, in 2 passes with the order reversed.
+def cache_sweep(gguf: Path, work: Path, seconds: float, streams: int = 8, passes: int = 4) -> tuple[str, str]:
+    """milliserve's KV cache type, as llama-server's settings are chosen: the faster at
+    ``streams`` streams of chats of f16 (its default) and q8_0, in ``passes`` passes with
+    the order reversed each pass (2 passes were a coin toss: 283 against 274 for q8_0 in one
+    run, 242 against 259 in the next; at one stream, where q8_0 costs a step 5-9% on the AMD
+    EPYC, 8 s is about nine requests).
     Which wins depends on the CPU: q8_0 made a one-token step 1.5x faster on the Intel VM of
     earlier runs (docs/design.md), f16 8 streams 1.05x faster on an AMD EPYC. Returns the
     type and a clause saying what was measured."""
     types = ("f16", "q8_0")
     got: dict[str, list[float]] = {t: [] for t in types}
-    measure = closed_loop(8, lambda r: chats(len(CHATS), r), seconds)
-    for k in range(2):
+    measure = closed_loop(streams, lambda r: chats(len(CHATS), r), seconds)
+    for k in range(passes):
         for t in types if k % 2 == 0 else types[::-1]:
             with ServerProcess(write_repo(work / f"kv-{t}", gguf, "smollm2", _kv(t))) as srv:
                 got[t].append(measure(f"http://{srv.http_url}"))
-            print(f"sweep milliserve {t} KV cache: {got[t][-1]:.1f}", flush=True)
+            print(f"sweep milliserve {t} KV cache, {streams} stream(s): {got[t][-1]:.1f}", flush=True)
     mean = {t: statistics.mean(v) for t, v in got.items()}
     best = max(types, key=lambda t: mean[t])
     tried = " and ".join(f"{t} {mean[t]:.0f}" for t in types)
-    return best, f"; its KV cache type the faster at 8 streams of {tried} tok/s (mean of 2 passes)"
+    load = f"{streams} stream{'s' if streams > 1 else ''}"
+    return best, f"; its KV cache type the faster at {load} of {tried} tok/s (mean of {passes} passes)"
 
 
 def attention_flags(cache_type: str) -> tuple[tuple[str, ...], ...]:
