@@ -759,9 +759,10 @@ def peers_part(
     """``llm-peers``: each load with each server at its own best settings for that load,
     swept at that load first: llama-server's ``-t``/``-np``/attention (``peer_sweep``),
     milliserve's KV cache type (``cache_sweep``, with ``--cache-type auto``). One setting
-    for both loads made one row a coin toss: 2 passes at 8 streams chose q8_0 over f16 by
-    283 to 274 tok/s, and on that AMD EPYC q8_0 makes a one-token step 5-9% slower than f16,
-    which is what one stream waits on. ``cache``: the type (and its clause) chosen at 8
+    for both loads chose one row's settings at the other load: 2 passes at 8 streams chose
+    q8_0 over f16 by 283 to 274 tok/s, and on that AMD EPYC a q8_0 one-token step at 90
+    tokens of context took 6.48 ms against f16's 6.15, which is what one stream waits on
+    (even at 250 tokens). ``cache``: the type (and its clause) chosen at 8
     streams, or given; ``best_at_eight``: llama-server at its 8-stream settings."""
     cores = len(os.sched_getaffinity(0))
     res: dict[tuple[str, int], dict[str, float]] = {}
@@ -841,8 +842,7 @@ def cache_sweep(gguf: Path, work: Path, seconds: float, streams: int = 8, passes
     """milliserve's KV cache type, as llama-server's settings are chosen: the faster at
     ``streams`` streams of chats of f16 (its default) and q8_0, in ``passes`` passes with
     the order reversed each pass (2 passes were a coin toss: 283 against 274 for q8_0 in one
-    run, 242 against 259 in the next; at one stream, where q8_0 costs a step 5-9% on the AMD
-    EPYC, 8 s is about nine requests).
+    run, 242 against 259 in the next; at one stream 8 s is about nine requests).
     Which wins depends on the CPU: q8_0 made a one-token step 1.5x faster on the Intel VM of
     earlier runs (docs/design.md), f16 8 streams 1.05x faster on an AMD EPYC. Returns the
     type and a clause saying what was measured."""
