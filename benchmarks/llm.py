@@ -567,6 +567,11 @@ def prefix_sweep(gguf: Path, attention: tuple[tuple[str, ...], ...]) -> tuple[Ll
     return sweep(gguf, [(2, 8, f) for f in attention], ttft_p99, lowest=True)
 
 
+def _load(streams: int) -> str:
+    """ "1 stream", "8 streams"."""
+    return f"{streams} stream{'s' if streams > 1 else ''}"
+
+
 def _flags(srv: LlamaServer) -> str:
     extra = " ".join(srv.cmd[srv.cmd.index("--metrics") + 1 :])
     return f"`-t {srv.threads} -np {srv.parallel}{' ' + extra if extra else ''}`"
@@ -663,7 +668,7 @@ def main() -> None:
         rows = [f"| {name} | {n} | {fmt(res2[(name, n)])} |" for n in (1, 8) for name, _, _ in servers]
         t = {k: v["tok_s"] for k, v in res2.items()}
         lines = [
-            f"{n} stream{'s' if n > 1 else ''}: milliserve with speculation / llama-server with its "
+            f"{_load(n)}: milliserve with speculation / llama-server with its "
             f"speculation {t[(ON, n)] / t[('llama-server, speculation on', n)]:.2f}× of the medians, "
             f"{paired(raw[(ON, n)], raw[('llama-server, speculation on', n)])} round by round; "
             f"milliserve with / without {t[(ON, n)] / t[('milliserve, speculation off', n)]:.2f}×, "
@@ -797,8 +802,8 @@ def peers_part(
             if second is not None:
                 second.stop()
         settings.append(
-            f"**{n} stream{'s' if n > 1 else ''}:** milliserve with a {ct} KV cache{chosen or ''}; "
-            f"llama-server {_flags(peer)}, the fastest at {n} stream{'s' if n > 1 else ''} of (mean of "
+            f"**{_load(n)}:** milliserve with a {ct} KV cache{chosen}; "
+            f"llama-server {_flags(peer)}, the fastest at {_load(n)} of (mean of "
             f"2 passes, order reversed): {tried} tok/s"
         )
     names = ("milliserve", "llama-server", "llama_cpp.server")
@@ -808,7 +813,7 @@ def peers_part(
         a, b = res[("milliserve", n)], res[("llama-server", n)]
         by_round = paired(raw[("milliserve", n)], raw[("llama-server", n)])
         ratios.append(
-            f"{n} stream{'s' if n > 1 else ''}: tokens/s {a['tok_s'] / b['tok_s']:.2f}×, TTFT p99 "
+            f"{_load(n)}: tokens/s {a['tok_s'] / b['tok_s']:.2f}×, TTFT p99 "
             f"{a['ttft_p99'] / b['ttft_p99']:.2f}×, ITL p99 {a['itl_p99'] / b['itl_p99']:.2f}×; "
             f"tokens/s round by round {by_round}"
         )
@@ -857,8 +862,9 @@ def cache_sweep(gguf: Path, work: Path, seconds: float, streams: int = 8, passes
     mean = {t: statistics.mean(v) for t, v in got.items()}
     best = max(types, key=lambda t: mean[t])
     tried = " and ".join(f"{t} {mean[t]:.0f}" for t in types)
-    load = f"{streams} stream{'s' if streams > 1 else ''}"
-    return best, f"; its KV cache type the faster at {load} of {tried} tok/s (mean of {passes} passes)"
+    return best, (
+        f"; its KV cache type the faster at {_load(streams)} of {tried} tok/s (mean of {passes} passes)"
+    )
 
 
 def attention_flags(cache_type: str) -> tuple[tuple[str, ...], ...]:
