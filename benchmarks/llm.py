@@ -638,16 +638,27 @@ def main() -> None:
     if "priority" in parts:
         text = priority_part(write_repo, work, gguf, 5 if args.quick else 200, 1 if args.quick else 3, where)
         print(text) if args.quick else write_section("llm-priority", text)
-    swept: list[tuple[LlamaServer, str]] = []  # peer_sweep's, once for the parts that need it
+    # each load's sweeps, once for the parts that need them: milliserve's KV cache type (at 8
+    # streams, the one measured above) and llama-server's settings (started, the first time)
+    caches: dict[int, tuple[str, str]] = {8: (ct, chosen)}
+    swept: dict[int, tuple[LlamaServer, str]] = {}
 
-    def best_at_eight() -> tuple[LlamaServer, str]:
-        if not swept:
-            swept.append(peer_sweep(gguf, attention, args.sweep_seconds))
-            return swept[0]
-        return swept[0][0].again(), swept[0][1]
+    def cache_at(streams: int) -> tuple[str, str]:
+        if streams not in caches:
+            auto = args.cache_type == "auto"
+            caches[streams] = cache_sweep(gguf, work, args.sweep_seconds, streams) if auto else (ct, "")
+        return caches[streams]
+
+    def peer_at(streams: int) -> tuple[LlamaServer, str]:
+        if streams not in swept:
+            kv = cache_at(streams)[0]
+            flags = attention_flags("q8_0" if kv == "f16" else kv)
+            swept[streams] = peer_sweep(gguf, flags, args.sweep_seconds, streams)
+            return swept[streams]
+        return swept[streams][0].again(), swept[streams][1]
 
     if "peers" in parts:
-        write_section("llm-peers", peers_part(args, gguf, work, levels, machine, (ct, chosen), best_at_eight))
+        write_section("llm-peers", peers_part(args, gguf, work, levels, machine, cache_at, peer_at))
     if "speculation" in parts:
         ls_spec, tried, ls_plain = speculation_peers(gguf, grounded, args.sweep_seconds, attention)
         try:
@@ -709,7 +720,7 @@ def main() -> None:
             f"budget {{ ttft_ms: {slo[0]:g} itl_ms: {slo[1]:g} }}",
         )
         arrivals = args.open_arrivals or math.ceil(1.2 * MIN_REQUESTS / args.rounds)
-        ls, tried = best_at_eight()
+        ls, tried = peer_at(8)
         open_loop_part(ls, tried, repo, budgeted, args.rounds, args.open_seconds, arrivals, slo, where)
     if "prefix" in parts:
         repo_off = write_repo(
@@ -758,8 +769,8 @@ def peers_part(
     work: Path,
     levels: list[int],
     machine: str,
-    cache: tuple[str, str],
-    best_at_eight: Any,
+    cache_at: Any,
+    peer_at: Any,
 ) -> str:
     """``llm-peers``: each load with each server at its own best settings for that load,
     swept at that load first: llama-server's ``-t``/``-np``/attention (``peer_sweep``),
@@ -767,22 +778,16 @@ def peers_part(
     for both loads chose one row's settings at the other load: 2 passes at 8 streams chose
     q8_0 over f16 by 283 to 274 tok/s, and on that AMD EPYC a q8_0 one-token step at 90
     tokens of context took 6.48 ms against f16's 6.15, which is what one stream waits on
-    (even at 250 tokens). ``cache``: the type (and its clause) chosen at 8
-    streams, or given; ``best_at_eight``: llama-server at its 8-stream settings."""
+    (even at 250 tokens). ``cache_at(n)``: milliserve's cache type for n streams (and a
+    clause saying how it was chosen); ``peer_at(n)``: llama-server, started at its best
+    settings for n streams (and what its sweep tried)."""
     cores = len(os.sched_getaffinity(0))
     res: dict[tuple[str, int], dict[str, float]] = {}
     raw: dict[tuple[str, int], list[Level]] = {}
     settings: list[str] = []
     for n in levels:
-        ct, chosen = cache
-        if args.cache_type == "auto" and n != 8:
-            ct, chosen = cache_sweep(gguf, work, args.sweep_seconds, n)
-        if n == 8:
-            peer, tried = best_at_eight()
-        else:
-            peer, tried = peer_sweep(
-                gguf, attention_flags("q8_0" if ct == "f16" else ct), args.sweep_seconds, n
-            )
+        ct, chosen = cache_at(n)
+        peer, tried = peer_at(n)
         second = None if args.no_llama_cpp_python else Peer(gguf, 1, cores, 2048)
         try:
             with ServerProcess(write_repo(work / f"peers-{n}", gguf, "smollm2", _kv(ct))) as ours:
