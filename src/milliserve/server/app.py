@@ -38,8 +38,9 @@ from milliserve.server.grpc.native import NativeGrpcServer
 from milliserve.server.grpc.options import server_options
 from milliserve.server.grpc.servicer import CallCount, build_grpc_server
 from milliserve.server.http.app import HttpApp
-from milliserve.server.http.connection import ConnectionLimits, protocol_class
+from milliserve.server.http.connection import protocol_class
 from milliserve.server.http.edge_files import EdgeFiles
+from milliserve.server.http.listener import ConnectionLimits
 from milliserve.server.listeners import (
     GRPC,
     HTTP,

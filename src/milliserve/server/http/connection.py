@@ -1,6 +1,7 @@
 """One HTTP/1.1 connection, purpose-built: httptools parses, this protocol keeps the
 limits, and each request is handed to the ASGI application with a ``Cycle`` that writes
-its response in one piece (``server/http/cycle.py``).
+its response in one piece (``server/http/cycle.py``); what a listener's connections share,
+its limits and prepared answers, is in ``server/http/listener.py``.
 
 Why not uvicorn's protocol (which this one replaced, keeping its server loop): a tiny
 model's whole request costs less than uvicorn's per-request work around it: an
@@ -28,23 +29,20 @@ import logging
 import math
 import urllib.parse
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, cast
 
 import httptools
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from milliserve.protocol.json_codec import encode_json
 from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE
 from milliserve.server.http.cycle import Cycle
+from milliserve.server.http.listener import ConnectionLimits, Lingering, Listener
 
-__all__ = ["ConnectionLimits", "HttpProtocol", "protocol_class"]
+__all__ = ["HttpProtocol", "protocol_class"]
 
 log = logging.getLogger(__name__)
 
-# after an error answer, what the client still sends is read and dropped for at most this long
-LINGER_S = 2.0
 # when the server stops, an idle keep-alive connection is closed after this much silence
 DRAIN_IDLE_S = 1.0
 # a refused connection is logged at most this often per listener
@@ -65,77 +63,8 @@ def _address(addr: Any) -> tuple[str, int] | None:
     return (str(addr[0]), int(addr[1])) if isinstance(addr, tuple) and len(addr) >= 2 else None
 
 
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    """The limits of one listener (from ``HttpSettings``)."""
-
-    max_header_bytes: int
-    header_timeout_s: float
-    body_timeout_s: float
-    keep_alive_s: float
-    max_connections: int
-
-    @property
-    def keep_alive_header(self) -> tuple[str, str]:
-        """``Keep-Alive: timeout=N``, whole seconds rounded down, so clients give up first."""
-        return ("keep-alive", f"timeout={int(self.keep_alive_s)}")
-
-
-def _answer(status: int, phrase: str, message: str) -> bytes:
-    body = encode_json({"error": message})
-    head = (
-        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + body
-
-
 class _HeadTooLarge(Exception):
     """Raised inside the parser's callback to stop it at once."""
-
-
-class _Listener:
-    """What the connections of one listener share: limits, prepared answers, refusal counts."""
-
-    def __init__(self, limits: ConnectionLimits) -> None:
-        self.limits = limits
-        self.tick_s = min(limits.header_timeout_s, limits.body_timeout_s, limits.keep_alive_s)
-        self.too_large = _answer(
-            431,
-            "Request Header Fields Too Large",
-            f"request line and headers are over the limit of {limits.max_header_bytes} bytes "
-            "(max_header_bytes)",
-        )
-        self.head_timeout = _answer(
-            408,
-            "Request Timeout",
-            f"request headers not complete within {limits.header_timeout_s:g} s (header_timeout_s)",
-        )
-        self.body_timeout = _answer(
-            408,
-            "Request Timeout",
-            f"request body not complete within {limits.body_timeout_s:g} s (body_timeout_s)",
-        )
-        self.invalid = _answer(400, "Bad Request", "invalid HTTP request")
-        self.busy = _answer(
-            503,
-            "Service Unavailable",
-            f"the server is at its limit of {limits.max_connections} open connections (max_connections)",
-        )
-        self.refused = 0
-        self.refused_logged_at = -math.inf
-        self._heads: tuple[bytes, bytes] | None = None
-
-    def heads(self, default_headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
-        """The header lines every response carries: on a connection kept alive, and on
-        one that closes after it (without the keep-alive header)."""
-        if self._heads is None:
-            lines = b"".join(name + b": " + value + b"\r\n" for name, value in default_headers)
-            closing = b"".join(
-                name + b": " + value + b"\r\n" for name, value in default_headers if name != b"keep-alive"
-            )
-            self._heads = (lines, closing + b"connection: close\r\n")
-        return self._heads
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -147,7 +76,7 @@ class HttpProtocol(asyncio.Protocol):
     one's response is written by a ``Cycle`` (``server/http/cycle.py``).
     """
 
-    listener: _Listener
+    listener: Listener
 
     def __init__(
         self,
@@ -450,7 +379,7 @@ class HttpProtocol(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.connections.discard(self)
-        self.transport.set_protocol(_Lingering(self.transport, self.connections, self.loop))
+        self.transport.set_protocol(Lingering(self.transport, self.connections, self.loop))
 
     def _refuse(self, answer: bytes) -> None:
         """Answer ``answer`` and close, unless a response is already under way (then just close)."""
@@ -471,7 +400,7 @@ class HttpProtocol(asyncio.Protocol):
             transport.write_eof()
         self._linger()
 
-    def _log_refused(self, listener: _Listener) -> None:
+    def _log_refused(self, listener: Listener) -> None:
         listener.refused += 1
         now = self.loop.time()
         if now - listener.refused_logged_at >= _REFUSED_LOG_EVERY_S:
@@ -485,38 +414,11 @@ class HttpProtocol(asyncio.Protocol):
             listener.refused = 0
 
 
-class _Lingering(asyncio.Protocol):
-    """A refused connection after its answer: drops what the client still sends, and
-    closes at the client's EOF or after ``LINGER_S``. Still counted as open."""
-
-    def __init__(
-        self, transport: asyncio.Transport, connections: set[Any], loop: asyncio.AbstractEventLoop
-    ) -> None:
-        self.transport = transport
-        self.connections = connections
-        connections.add(self)
-        self.timer = loop.call_later(LINGER_S, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        pass
-
-    def eof_received(self) -> bool | None:
-        return None  # the transport closes
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.timer.cancel()
-        self.connections.discard(self)
-
-    def shutdown(self) -> None:
-        """Called by uvicorn when the server stops."""
-        self.transport.close()
-
-
 def protocol_class(limits: ConnectionLimits) -> type[HttpProtocol]:
     """The protocol class for one listener (``uvicorn.Config(http=...)``); its connections
     share ``limits`` and the count of open connections."""
 
     class ListenerProtocol(HttpProtocol):
-        listener = _Listener(limits)
+        listener = Listener(limits)
 
     return ListenerProtocol
