@@ -2,7 +2,8 @@
 
 Both formats use Triton's field names and land in the same pydantic schema, so a
 field that is unknown or has a wrong value fails with the file and the field
-named. Nothing is silently ignored.
+named. Nothing is silently ignored. Triton's JSON and protobuf forms of a config, as the
+APIs return it, are in ``config/triton_json.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from milliserve.config.base import Strict as _Strict
 from milliserve.config.sequence import SequenceBatching
 from milliserve.config.steps import Ensembling, Features, TokenizerConfig
 from milliserve.errors import ConfigError
-from milliserve.protocol.datatypes import config_type_to_oip, oip_to_config_type
+from milliserve.protocol.datatypes import config_type_to_oip
 from milliserve.protocol.proto import oip_pb2
 from milliserve.protocol.types import TensorSpec
 
@@ -32,8 +33,6 @@ __all__ = [
     "WarmupSpec",
     "config_from_json",
     "config_path",
-    "config_to_dict",
-    "config_to_proto",
     "load_model_config",
 ]
 
@@ -445,58 +444,3 @@ def load_model_config(model_dir: Path) -> ModelConfig | None:
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
     return _validate(path, data, model_dir.name)
-
-
-def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
-    """The config as Triton's JSON (``GET /v2/models/{m}/config``): integers stay integers,
-    data types are spelled ``TYPE_*``."""
-
-    def tensor(t: TensorConfig) -> dict[str, Any]:
-        out = {"name": t.name, "data_type": oip_to_config_type(t.data_type), "dims": list(t.dims)}
-        return {**out, "optional": True} if t.optional else out
-
-    out: dict[str, Any] = {
-        "name": cfg.name,
-        "platform": cfg.platform or "onnxruntime_onnx",
-        "backend": cfg.backend or "onnxruntime",
-        "version_policy": cfg.version_policy.model_dump(exclude_none=True) or {"latest": {"num_versions": 1}},
-        "max_batch_size": cfg.max_batch_size,
-        "input": [tensor(t) for t in cfg.input],
-        "output": [tensor(t) for t in cfg.output],
-        "instance_group": [
-            g.model_dump()
-            for g in (cfg.instance_group or (() if cfg.ensemble_scheduling else (InstanceGroup(),)))
-        ],
-        "parameters": {k: {"string_value": v} for k, v in cfg.parameters.items()},
-    }
-    if cfg.dynamic_batching is not None:
-        out["dynamic_batching"] = cfg.dynamic_batching.model_dump()
-    if cfg.sequence_batching is not None:
-        out["sequence_batching"] = cfg.sequence_batching.to_dict()
-    if cfg.response_cache is not None:
-        out["response_cache"] = cfg.response_cache.model_dump()
-    if cfg.budget is not None:
-        out["budget"] = cfg.budget.model_dump()
-    for key in ("features", "tokenizer", "ensemble_scheduling"):
-        value = getattr(cfg, key)
-        if value is not None:
-            out[key] = value.model_dump(exclude_none=True)
-    if cfg.ensemble_scheduling is not None:
-        out["platform"], out["backend"] = "ensemble", ""
-    if cfg.model_warmup:
-        out["model_warmup"] = [w.model_dump() for w in cfg.model_warmup]
-        for w in out["model_warmup"]:
-            for inp in w["inputs"].values():
-                inp["data_type"] = oip_to_config_type(inp["data_type"])
-                # a oneof on the wire: only the chosen source is written
-                for key in ("zero_data", "random_data"):
-                    if not inp[key]:
-                        del inp[key]
-    return out
-
-
-def config_to_proto(cfg: ModelConfig) -> oip_pb2.ModelConfig:
-    """The config as the protobuf message returned by gRPC ``ModelConfig``."""
-    msg = oip_pb2.ModelConfig()
-    json_format.ParseDict(config_to_dict(cfg), msg)
-    return msg

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from milliserve.config.model_config import config_to_dict, config_to_proto, load_model_config
+from milliserve.config.model_config import load_model_config
+from milliserve.config.triton_json import config_to_dict, config_to_proto
 from milliserve.errors import ConfigError
 
 HEAD = 'name: "m"\nmax_batch_size: 8\ninput [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'

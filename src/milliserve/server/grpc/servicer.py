@@ -22,7 +22,7 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from milliserve.config.model_config import config_to_proto
+from milliserve.config.triton_json import config_to_proto
 from milliserve.errors import MalformedRequestError, MilliserveError, ModelNotReadyError
 from milliserve.observability.timing import finish_stages
 from milliserve.observability.tracing import TracedDataPlane

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from milliserve.config.model_config import config_to_dict
+from milliserve.config.triton_json import config_to_dict
 from milliserve.errors import (
     MalformedRequestError,
     MilliserveError,
