@@ -484,20 +484,7 @@ class Engine:
             self.mean_output = 0.9 * self.mean_output + 0.1 * s.generated
         st.e2e_hist.observe(now - req.arrival)
         st.output_tokens_hist.observe(s.generated)
-        timing = {
-            "queue_ms": (s.admitted - req.arrival) * 1e3,
-            "ttft_ms": (s.first_at - req.arrival) * 1e3 if s.first_at else -1.0,
-            "e2e_ms": (now - req.arrival) * 1e3,
-        }
-        usage = {
-            "prompt_tokens": len(req.prompt),
-            "completion_tokens": s.generated,
-            "total_tokens": len(req.prompt) + s.generated,
-            "cached_tokens": s.cached,
-            "draft_tokens": s.drafted,
-            "accepted_draft_tokens": s.accepted,
-        }
-        req.emit(Event("", tokens, reason, error, usage, timing))
+        req.emit(Event("", tokens, reason, error, s.usage(), s.timing(now)))
 
     def _count(self, reason: str) -> None:
         f = self.stats.finished

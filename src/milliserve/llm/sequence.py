@@ -155,6 +155,27 @@ class Sequence:
             self.pending = ""
         return "".join(text), used, finish
 
+    def usage(self) -> dict[str, int]:
+        """Its tokens, for the last event: the OpenAI ``usage`` fields and the drafts'."""
+        prompt = len(self.req.prompt)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": self.generated,
+            "total_tokens": prompt + self.generated,
+            "cached_tokens": self.cached,
+            "draft_tokens": self.drafted,
+            "accepted_draft_tokens": self.accepted,
+        }
+
+    def timing(self, now: float) -> dict[str, float]:
+        """Its times in ms, for the last event (``now``: when it ended); TTFT -1 if it had no token."""
+        arrival = self.req.arrival
+        return {
+            "queue_ms": (self.admitted - arrival) * 1e3,
+            "ttft_ms": (self.first_at - arrival) * 1e3 if self.first_at else -1.0,
+            "e2e_ms": (now - arrival) * 1e3,
+        }
+
     def room(self, want: int, n_ctx: int) -> int:
         """How many of ``want`` drafted tokens this sequence has room for: its output's
         length and its KV cache's."""

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
-import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,6 +32,7 @@ from milliserve.errors import (
     RequestError,
     ServerShuttingDownError,
 )
+from milliserve.llm.chat_prompt import ChatPrompt
 from milliserve.llm.engine import Engine
 from milliserve.llm.fields import LOWEST_PRIORITY
 from milliserve.llm.outbox import outbox_of
@@ -51,15 +50,8 @@ __all__ = ["GenerationStream", "GenerativeServable"]
 log = logging.getLogger(__name__)
 
 TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"
-# a prompt's text beyond this is refused before it is tokenized
-MAX_PROMPT_BYTES = 1 << 20
 # prompts longer than this are tokenized off the event loop
 OFFLOAD_CHARS = 16384
-
-
-def _check_size(text: str, contents: int = 0) -> None:
-    if max(len(text), contents) > MAX_PROMPT_BYTES or len(text.encode()) > MAX_PROMPT_BYTES:
-        raise RequestError(f"the prompt is over {MAX_PROMPT_BYTES} bytes", "messages")
 
 
 def _io_config(config: ModelConfig) -> ModelConfig:
@@ -141,7 +133,7 @@ class GenerativeServable:
         )
         self._executor = executor
         self.stats.pending = lambda: self.engine.running + self.engine.waiting
-        self._template = self._compile_template(model.chat_template)
+        self.prompts = ChatPrompt(model)
         self._closed = False
 
     # ---- loading ----
@@ -206,96 +198,6 @@ class GenerativeServable:
         await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
         self.model.close()
 
-    # ---- prompts ----
-    @staticmethod
-    def _compile_template(source: str | None) -> Any:
-        if not source:
-            return None
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def fail(message: str) -> None:
-            raise RequestError(f"the chat template refused the messages: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = fail
-        try:
-            return env.from_string(source)
-        except TemplateError as exc:
-            log.warning("the model's chat template does not compile (%s); using ChatML", exc)
-            return None
-
-    def render_chat(self, params: GenerationParams, contents: list[str] | None = None) -> str:
-        """The chat as the model's template renders it (with ``contents`` in place of the
-        messages' contents, when given)."""
-        given = params.messages or []
-        texts = contents if contents is not None else [m.content for m in given]
-        msgs = [{"role": m.role, "content": t} for m, t in zip(given, texts, strict=True)]
-        if self._template is None:  # ChatML, the common default
-            body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
-            return body + "<|im_start|>assistant\n"
-        try:
-            return str(
-                self._template.render(
-                    messages=msgs,
-                    add_generation_prompt=True,
-                    bos_token=self.model.bos_text,
-                    eos_token=self.model.eos_text,
-                )
-            )
-        except RequestError:
-            raise
-        except Exception as exc:
-            raise RequestError(f"the chat template could not render these messages: {exc}") from None
-
-    def tokens_of(self, params: GenerationParams) -> list[int]:
-        if params.messages is not None:
-            return self._chat_tokens(params)
-        text = params.prompt or ""
-        _check_size(text)
-        return list(self.model.tokenize(text, add_special=self.model.add_bos, parse_special=False))
-
-    def _chat_tokens(self, params: GenerationParams) -> list[int]:
-        """The chat's tokens, where only the template's text can become control tokens: a
-        user who writes ``<|im_end|>`` gets those characters tokenized as text, never the
-        token that ends a turn. The template is rendered with a marker in place of each
-        message's content; its own text is tokenized with special tokens parsed, the
-        contents without."""
-        model = self.model
-        msgs = params.messages or []
-        nonce = secrets.token_hex(8)
-        marks = [f"\x00{nonce}:{i}\x00" for i in range(len(msgs))]
-        marked = self.render_chat(params, marks)
-        _check_size(marked, sum(len(m.content) for m in msgs))
-        special = model.add_bos and not (model.bos_text and marked.startswith(model.bos_text))
-        pieces = re.split(f"\x00{nonce}:(\\d+)\x00", marked)
-        if self._template is not None and self.render_chat(params) != "".join(
-            msgs[int(p)].content if i % 2 else p for i, p in enumerate(pieces)
-        ):
-            # the template changes the contents (trims them, say): tokenize the whole, and
-            # refuse contents that hold control-token text
-            self._refuse_control_text(msgs)
-            text = self.render_chat(params)
-            return list(model.tokenize(text, add_special=special, parse_special=True))
-        out: list[int] = []
-        for i, piece in enumerate(pieces):
-            if not piece:
-                continue
-            if i % 2:
-                out += model.tokenize(msgs[int(piece)].content, add_special=False, parse_special=False)
-            else:
-                out += model.tokenize(piece, add_special=special and not out, parse_special=True)
-        return out
-
-    def _refuse_control_text(self, msgs: list[Any]) -> None:
-        for i, m in enumerate(msgs):
-            if self.model.tokenize(m.content, False, True) != self.model.tokenize(m.content, False, False):
-                raise RequestError(
-                    f"messages[{i}]: the content holds the text of a control token, which this "
-                    "model's chat template cannot keep apart from its own",
-                    "messages",
-                )
-
     # ---- generation ----
     async def generate(self, params: GenerationParams) -> GenerationStream:
         """Admit a request and start it; the stream's events carry its text."""
@@ -307,11 +209,11 @@ class GenerativeServable:
         ) > OFFLOAD_CHARS:
             # long texts tokenize off the event loop
             if self._executor is not None:
-                prompt = await self._executor.offload(self.tokens_of, params)
+                prompt = await self._executor.offload(self.prompts.tokens, params)
             else:
-                prompt = await asyncio.to_thread(self.tokens_of, params)
+                prompt = await asyncio.to_thread(self.prompts.tokens, params)
         else:
-            prompt = self.tokens_of(params)
+            prompt = self.prompts.tokens(params)
         n_ctx = self.options.n_ctx
         if not prompt:
             raise RequestError("the prompt is empty after tokenization", "prompt")

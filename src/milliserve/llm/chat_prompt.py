@@ -1,0 +1,126 @@
+"""A request's prompt as tokens: its chat rendered by the model's template (ChatML where
+the model has none, or it does not compile), tokenized so that only the template's own
+text can become control tokens; its size checked before it is tokenized."""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+from typing import Any
+
+from milliserve.errors import RequestError
+from milliserve.llm.protocol import GenerationParams
+
+__all__ = ["MAX_PROMPT_BYTES", "ChatPrompt", "check_size", "compile_template"]
+
+log = logging.getLogger(__name__)
+
+# a prompt's text beyond this is refused before it is tokenized
+MAX_PROMPT_BYTES = 1 << 20
+
+
+def check_size(text: str, contents: int = 0) -> None:
+    """Refuse a prompt over MAX_PROMPT_BYTES (``contents``: its messages' characters)."""
+    if max(len(text), contents) > MAX_PROMPT_BYTES or len(text.encode()) > MAX_PROMPT_BYTES:
+        raise RequestError(f"the prompt is over {MAX_PROMPT_BYTES} bytes", "messages")
+
+
+def compile_template(source: str | None) -> Any:
+    """The model's chat template compiled in jinja2's sandbox; None (ChatML) where it has
+    none or it does not compile."""
+    if not source:
+        return None
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def fail(message: str) -> None:
+        raise RequestError(f"the chat template refused the messages: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = fail
+    try:
+        return env.from_string(source)
+    except TemplateError as exc:
+        log.warning("the model's chat template does not compile (%s); using ChatML", exc)
+        return None
+
+
+class ChatPrompt:
+    """Prompts for one model (``model``: its tokenizer, special-token texts and template)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.template = compile_template(model.chat_template)
+
+    def render(self, params: GenerationParams, contents: list[str] | None = None) -> str:
+        """The chat as the model's template renders it (with ``contents`` in place of the
+        messages' contents, when given)."""
+        given = params.messages or []
+        texts = contents if contents is not None else [m.content for m in given]
+        msgs = [{"role": m.role, "content": t} for m, t in zip(given, texts, strict=True)]
+        if self.template is None:  # ChatML, the common default
+            body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
+            return body + "<|im_start|>assistant\n"
+        try:
+            return str(
+                self.template.render(
+                    messages=msgs,
+                    add_generation_prompt=True,
+                    bos_token=self.model.bos_text,
+                    eos_token=self.model.eos_text,
+                )
+            )
+        except RequestError:
+            raise
+        except Exception as exc:
+            raise RequestError(f"the chat template could not render these messages: {exc}") from None
+
+    def tokens(self, params: GenerationParams) -> list[int]:
+        """The request's prompt tokens: its chat rendered (``render``) or its prompt text."""
+        if params.messages is not None:
+            return self._chat_tokens(params)
+        text = params.prompt or ""
+        check_size(text)
+        return list(self.model.tokenize(text, add_special=self.model.add_bos, parse_special=False))
+
+    def _chat_tokens(self, params: GenerationParams) -> list[int]:
+        """The chat's tokens, where only the template's text can become control tokens: a
+        user who writes ``<|im_end|>`` gets those characters tokenized as text, never the
+        token that ends a turn. The template is rendered with a marker in place of each
+        message's content; its own text is tokenized with special tokens parsed, the
+        contents without."""
+        model = self.model
+        msgs = params.messages or []
+        nonce = secrets.token_hex(8)
+        marks = [f"\x00{nonce}:{i}\x00" for i in range(len(msgs))]
+        marked = self.render(params, marks)
+        check_size(marked, sum(len(m.content) for m in msgs))
+        special = model.add_bos and not (model.bos_text and marked.startswith(model.bos_text))
+        pieces = re.split(f"\x00{nonce}:(\\d+)\x00", marked)
+        if self.template is not None and self.render(params) != "".join(
+            msgs[int(p)].content if i % 2 else p for i, p in enumerate(pieces)
+        ):
+            # the template changes the contents (trims them, say): tokenize the whole, and
+            # refuse contents that hold control-token text
+            self._refuse_control_text(msgs)
+            text = self.render(params)
+            return list(model.tokenize(text, add_special=special, parse_special=True))
+        out: list[int] = []
+        for i, piece in enumerate(pieces):
+            if not piece:
+                continue
+            if i % 2:
+                out += model.tokenize(msgs[int(piece)].content, add_special=False, parse_special=False)
+            else:
+                out += model.tokenize(piece, add_special=special and not out, parse_special=True)
+        return out
+
+    def _refuse_control_text(self, msgs: list[Any]) -> None:
+        for i, m in enumerate(msgs):
+            if self.model.tokenize(m.content, False, True) != self.model.tokenize(m.content, False, False):
+                raise RequestError(
+                    f"messages[{i}]: the content holds the text of a control token, which this "
+                    "model's chat template cannot keep apart from its own",
+                    "messages",
+                )
