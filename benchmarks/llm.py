@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -769,8 +770,8 @@ def peers_part(
     work: Path,
     levels: list[int],
     machine: str,
-    cache_at: Any,
-    peer_at: Any,
+    cache_at: Callable[[int], tuple[str, str]],
+    peer_at: Callable[[int], tuple[LlamaServer, str]],
 ) -> str:
     """``llm-peers``: each load with each server at its own best settings for that load,
     swept at that load first: llama-server's ``-t``/``-np``/attention (``peer_sweep``),

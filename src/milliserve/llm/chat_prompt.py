@@ -98,14 +98,14 @@ class ChatPrompt:
         check_size(marked, sum(len(m.content) for m in msgs))
         special = model.add_bos and not (model.bos_text and marked.startswith(model.bos_text))
         pieces = re.split(f"\x00{nonce}:(\\d+)\x00", marked)
-        if self.template is not None and self.render(params) != "".join(
+        whole = self.render(params) if self.template is not None else None
+        if whole is not None and whole != "".join(
             msgs[int(p)].content if i % 2 else p for i, p in enumerate(pieces)
         ):
             # the template changes the contents (trims them, say): tokenize the whole, and
             # refuse contents that hold control-token text
             self._refuse_control_text(msgs)
-            text = self.render(params)
-            return list(model.tokenize(text, add_special=special, parse_special=True))
+            return list(model.tokenize(whole, add_special=special, parse_special=True))
         out: list[int] = []
         for i, piece in enumerate(pieces):
             if not piece:
