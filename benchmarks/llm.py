@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import math
 import os
@@ -849,27 +850,35 @@ def _kv(cache_type: str) -> dict[str, str]:
     return {"n_ctx": "2048", **kv}
 
 
-def cache_sweep(gguf: Path, work: Path, seconds: float, streams: int = 8, passes: int = 4) -> tuple[str, str]:
+def cache_sweep(gguf: Path, work: Path, seconds: float, streams: int = 8, pairs: int = 8) -> tuple[str, str]:
     """milliserve's KV cache type, as llama-server's settings are chosen: the faster at
-    ``streams`` streams of chats of f16 (its default) and q8_0, in ``passes`` passes with
-    the order reversed each pass (2 passes were a coin toss: 283 against 274 for q8_0 in one
-    run, 242 against 259 in the next; at one stream 8 s is about nine requests).
-    Which wins depends on the CPU: q8_0 made a one-token step 1.5x faster on the Intel VM of
-    earlier runs (docs/design.md), f16 8 streams 1.05x faster on an AMD EPYC. Returns the
-    type and a clause saying what was measured."""
+    ``streams`` streams of chats of f16 (its default) and q8_0. Both servers are up at once
+    and measured in ``pairs`` back-to-back pairs (which goes first alternating), chosen by
+    the mean of the pairs' ratios, so that the VM's drift from minute to minute falls mostly
+    outside each pair. Passes that each started a fresh server, a minute apart, were a coin
+    toss: 4 of them chose q8_0 at one stream by 165 to 164 tok/s on an AMD EPYC where a
+    q8_0 one-token step is 4-5% slower than f16's (6.48 against 6.15 ms; measured again,
+    6.45-6.72 against 6.35-6.38), and that is what one stream waits on. Which wins depends
+    on the CPU: q8_0 made a one-token step 1.5x faster on the Intel VM of earlier runs
+    (docs/design.md). Returns the type and a clause saying what was measured."""
     types = ("f16", "q8_0")
     got: dict[str, list[float]] = {t: [] for t in types}
     measure = closed_loop(streams, lambda r: chats(len(CHATS), r), seconds)
-    for k in range(passes):
-        for t in types if k % 2 == 0 else types[::-1]:
-            with ServerProcess(write_repo(work / f"kv-{t}", gguf, "smollm2", _kv(t))) as srv:
-                got[t].append(measure(f"http://{srv.http_url}"))
-            print(f"sweep milliserve {t} KV cache, {streams} stream(s): {got[t][-1]:.1f}", flush=True)
-    mean = {t: statistics.mean(v) for t, v in got.items()}
-    best = max(types, key=lambda t: mean[t])
-    tried = " and ".join(f"{t} {mean[t]:.0f}" for t in types)
+    with contextlib.ExitStack() as up:
+        urls = {}
+        for t in types:
+            srv = up.enter_context(ServerProcess(write_repo(work / f"kv-{t}", gguf, "smollm2", _kv(t))))
+            urls[t] = f"http://{srv.http_url}"
+        for k in range(pairs):
+            for t in types if k % 2 == 0 else types[::-1]:
+                got[t].append(measure(urls[t]))
+                print(f"sweep milliserve {t} KV cache, {streams} stream(s): {got[t][-1]:.1f}", flush=True)
+    ratios = [a / b for a, b in zip(got["f16"], got["q8_0"], strict=True)]
+    best = "f16" if statistics.fmean(ratios) >= 1.0 else "q8_0"
+    medians = " and ".join(f"{t} {statistics.median(got[t]):.0f}" for t in types)
     return best, (
-        f"; its KV cache type the faster at {_load(streams)} of {tried} tok/s (mean of {passes} passes)"
+        f"; its KV cache type the faster at {_load(streams)} of {medians} tok/s (medians; both "
+        f"servers up, {pairs} back-to-back pairs of {seconds:g} s: f16 / q8_0 {interval(ratios, 'pairs')})"
     )
 
 
