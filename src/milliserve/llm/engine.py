@@ -271,11 +271,11 @@ class Engine:
             return
         # the batch (llm/step_plan.py). A request that stopped the last step (submit) runs
         # its prompt alone in this one
-        alone = {
-            s.slot
-            for s in self._running
-            if urgent is not None and s.req.level <= urgent and s.prefilled < len(s.req.prompt)
-        }
+        alone = (
+            set()
+            if urgent is None
+            else {s.slot for s in self._running if s.req.level <= urgent and s.prefilled < len(s.req.prompt)}
+        )
         decoding = [] if alone else [s for s in self._running if s.prefilled == len(s.req.prompt)]
         # drafts wait while a prompt is prefilled beside them: they would take the step's room
         # that its chunks need (the prompt gets only its floor), and at 8 streams of grounded
@@ -300,7 +300,7 @@ class Engine:
             drafts_of[s.slot] = drafts
             feed[s.slot] = [s.last, *drafts]
         fed = sum(len(f) for f in feed.values())
-        chunk = self.budget.chunks(self._running, decoding, fed, alone)
+        chunk = self.budget.chunks(self._running, decoding, fed, alone) if prefilling else {}
         batch = build_batch(self._running, feed, drafts_of, chunk)
         tokens, logits, plan, prefill = batch.tokens, batch.logits, batch.plan, batch.prefill
         n_tok = len(tokens)

@@ -35,6 +35,31 @@ def test_greedy_picks_what_llama_cpps_greedy_sampler_picks(llm_repo: Path) -> No
         m.close()
 
 
+def test_greedy_reads_each_steps_logits_through_views_kept_by_address(llm_repo: Path) -> None:
+    """Greedy sampling keeps a numpy view of each logits row's address (making one anew was
+    half of a token's sampling). A step of another size may move llama.cpp's output buffer:
+    every pick must still be the argmax of the row llama.cpp hands out for that step."""
+    m = LlamaModel(llm_repo / "smollm2" / "1" / "model.gguf", LlmOptions(n_ctx=512), 2)
+    try:
+        prompt = m.tokenize("Lists of rivers, mountains and the cities that lie between them:", True)
+        n = len(prompt)
+        pos = n
+        kept = 0
+        for k, width in enumerate((1, n, 3, 1, 2 * n, 1, 1, 1)):  # one-token steps between wider
+            m.seq_remove(0, pos, -1)
+            tokens = (prompt * 3)[:width]
+            assert m.decode(tokens, list(range(pos, pos + width)), [0] * width, [True] * width)
+            for i in range(width):
+                fresh = logits_view(m._C.llama_get_logits_ith(m.ctx, i), m.n_vocab)
+                assert m.sample(GREEDY, i) == int(fresh.argmax()), (width, i)
+            pos += width
+            if k == 5:
+                kept = len(m._rows)
+        assert kept and len(m._rows) == kept  # a view per row address, not one per step
+    finally:
+        m.close()
+
+
 def test_penalties_build_llama_cpps_sampler_and_sample(llm_repo: Path) -> None:
     """The binding takes the vocabulary size first; called without it, it raised TypeError
     on the engine thread and stopped the engine (tests/unit/llm/test_engine_steps.py)."""
