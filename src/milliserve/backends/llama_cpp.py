@@ -354,7 +354,7 @@ class LlamaModel:
             if len(self._rows) >= MAX_ROW_VIEWS:
                 self._rows.clear()
             floats = (ctypes.c_float * self.n_vocab).from_address(addr)
-            row = self._rows[addr] = np.frombuffer(floats, dtype=np.float32)
+            row = self._rows[addr] = np.frombuffer(memoryview(floats), dtype=np.float32)
         return row
 
     def sample(self, sampler: Any, index: int) -> int:
