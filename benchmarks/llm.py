@@ -553,9 +553,16 @@ def sweep(
 def peer_sweep(
     gguf: Path, attention: tuple[tuple[str, ...], ...], seconds: float, streams: int = 8
 ) -> tuple[LlamaServer, str]:
-    """llama-server at its fastest ``-t``/``-np``/attention setting for ``streams`` streams
-    of chats (at 8, ``llm-peers`` and ``llm-open-loop`` both compare against it)."""
-    options = [(t, n, f) for t in (2, 1) for n in (8, 16) for f in attention]
+    """llama-server at its fastest ``-t``/``-tb``/``-np``/attention setting for ``streams``
+    streams of chats (at 8, ``llm-peers`` and ``llm-open-loop`` both compare against it).
+    One decode thread with prompts on every core (``-t 1 -tb N``) is tried beside one and
+    N for both: one thread left a vCPU to the client and the HTTP thread, and ``-tb``
+    follows ``-t`` unless given."""
+    cores = len(os.sched_getaffinity(0))
+    threads: list[tuple[int, tuple[str, ...]]] = [(2, ()), (1, ())]
+    if cores > 1:
+        threads.append((1, ("-tb", str(cores))))
+    options = [(t, n, (*tb, *f)) for t, tb in threads for n in (8, 16) for f in attention]
     return sweep(gguf, options, closed_loop(streams, lambda r: chats(len(CHATS), r), seconds))
 
 
@@ -776,7 +783,7 @@ def peers_part(
     peer_at: Callable[[int], tuple[LlamaServer, str]],
 ) -> str:
     """``llm-peers``: each load with each server at its own best settings for that load,
-    swept at that load first: llama-server's ``-t``/``-np``/attention (``peer_sweep``),
+    swept at that load first: llama-server's ``-t``/``-tb``/``-np``/attention (``peer_sweep``),
     milliserve's KV cache type (``cache_sweep``, with ``--cache-type auto``). One setting
     for both loads chose one row's settings at the other load: 2 passes at 8 streams chose
     q8_0 over f16 by 283 to 274 tok/s, and on that AMD EPYC a q8_0 one-token step at 90
