@@ -908,13 +908,19 @@ def speculation_peers(
     """llama-server at its fastest n-gram ``--spec-type`` and attention setting (``fa``:
     ``attention_flags``) at 1 stream on ``prompts``, and without speculation at its fastest
     attention setting (both swept; with a line saying what was tried)."""
+    cores = len(os.sched_getaffinity(0))
+    # both thread settings that won llama-server's one-stream sweeps: -t 2, and one decode
+    # thread with a step of several tokens (drafts verified, prompts) on every core
+    threads: list[tuple[int, tuple[str, ...]]] = [(2, ())] + ([(1, ("-tb", str(cores)))] if cores > 1 else [])
     options: list[tuple[int, int, tuple[str, ...]]] = [
-        (2, 8, ("--spec-type", t, *f))
+        (n, 8, (*tb, "--spec-type", t, *f))
+        for n, tb in threads
         for t in ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
         for f in fa
     ]
     ls_spec, tried = sweep(gguf, options, closed_loop(1, prompts, seconds))
-    ls_plain, plain = sweep(gguf, [(2, 8, f) for f in fa], closed_loop(1, prompts, seconds))
+    plain_options = [(n, 8, (*tb, *f)) for n, tb in threads for f in fa]
+    ls_plain, plain = sweep(gguf, plain_options, closed_loop(1, prompts, seconds))
     return ls_spec, f"{tried}; without speculation, of {plain}", ls_plain
 
 
