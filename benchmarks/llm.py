@@ -550,18 +550,22 @@ def sweep(
     return LlamaServer(gguf, free_port(), t, np_, 2048, *flags), ", ".join(tried)
 
 
+def prompts_on_every_core() -> list[tuple[int, tuple[str, ...]]]:
+    """llama-server's one decode thread with steps of several tokens on every core
+    (``-t 1 -tb N``; ``-tb`` follows ``-t`` unless given), as a sweep's (threads, flags)
+    setting, where there is more than one core."""
+    cores = len(os.sched_getaffinity(0))
+    return [(1, ("-tb", str(cores)))] if cores > 1 else []
+
+
 def peer_sweep(
     gguf: Path, attention: tuple[tuple[str, ...], ...], seconds: float, streams: int = 8
 ) -> tuple[LlamaServer, str]:
     """llama-server at its fastest ``-t``/``-tb``/``-np``/attention setting for ``streams``
     streams of chats (at 8, ``llm-peers`` and ``llm-open-loop`` both compare against it).
-    One decode thread with prompts on every core (``-t 1 -tb N``) is tried beside one and
-    N for both: one thread left a vCPU to the client and the HTTP thread, and ``-tb``
-    follows ``-t`` unless given."""
-    cores = len(os.sched_getaffinity(0))
-    threads: list[tuple[int, tuple[str, ...]]] = [(2, ()), (1, ())]
-    if cores > 1:
-        threads.append((1, ("-tb", str(cores))))
+    One decode thread with prompts on every core (``prompts_on_every_core``) is tried
+    beside one and N for both: one thread left a vCPU to the client and the HTTP thread."""
+    threads = [(2, ()), (1, ()), *prompts_on_every_core()]
     options = [(t, n, (*tb, *f)) for t, tb in threads for n in (8, 16) for f in attention]
     return sweep(gguf, options, closed_loop(streams, lambda r: chats(len(CHATS), r), seconds))
 
@@ -908,10 +912,9 @@ def speculation_peers(
     """llama-server at its fastest n-gram ``--spec-type`` and attention setting (``fa``:
     ``attention_flags``) at 1 stream on ``prompts``, and without speculation at its fastest
     attention setting (both swept; with a line saying what was tried)."""
-    cores = len(os.sched_getaffinity(0))
     # both thread settings that won llama-server's one-stream sweeps: -t 2, and one decode
     # thread with a step of several tokens (drafts verified, prompts) on every core
-    threads: list[tuple[int, tuple[str, ...]]] = [(2, ())] + ([(1, ("-tb", str(cores)))] if cores > 1 else [])
+    threads = [(2, ()), *prompts_on_every_core()]
     options: list[tuple[int, int, tuple[str, ...]]] = [
         (n, 8, (*tb, "--spec-type", t, *f))
         for n, tb in threads

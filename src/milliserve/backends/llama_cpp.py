@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from milliserve.backends.llama_grammar import GrammarCompiler, JsonConstraint
+from milliserve.backends.llama_grammar import GrammarCompiler, JsonConstraint, logits_view
 from milliserve.backends.llama_options import (
     _GGML_TYPES,
     KNOWN_PARAMETERS,
@@ -353,8 +353,7 @@ class LlamaModel:
         if row is None:
             if len(self._rows) >= MAX_ROW_VIEWS:
                 self._rows.clear()
-            floats = (ctypes.c_float * self.n_vocab).from_address(addr)
-            row = self._rows[addr] = np.frombuffer(memoryview(floats), dtype=np.float32)
+            row = self._rows[addr] = logits_view(addr, self.n_vocab)
         return row
 
     def sample(self, sampler: Any, index: int) -> int:

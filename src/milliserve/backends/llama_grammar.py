@@ -177,7 +177,7 @@ class GrammarCompiler:
 
 
 def logits_view(ptr: Any, n_vocab: int) -> np.ndarray[Any, np.dtype[np.float32]]:
-    """A numpy view of llama.cpp's logits row at ``ptr`` (a ``float*``)."""
+    """A numpy view of llama.cpp's logits row at ``ptr`` (a ``float*`` or its address)."""
     return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
 
 
