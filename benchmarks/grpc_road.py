@@ -10,7 +10,7 @@ docs/benchmarks.md.
 The servers run the example fraud_mlp and minilm (Triton: fraud_mlp only); perf_analyzer
 drives one (server, protocol) pair at a time, interleaved round by round (every variant
 once per round, model and concurrency). PyTriton is installed into build/peers/venvs/pytriton
-on first use. Run it alone: it measures CPU.
+on first use, pinned (peers/peer_settings.py). Run it alone: it measures CPU.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench_vs_perf_analyzer import pa_level, perf_analyzer
+from peers import peer_settings
 from report_sections import commit, write_section
 from server_overhead import cpu_description
 
@@ -59,10 +60,10 @@ VARIANTS = (
     Variant("gRPC, grpc.aio", "grpcio", "grpc"),
 )
 TRITON = (
-    Variant("Triton (PyTriton) + batcher, HTTP", "triton", "http"),
-    Variant("Triton (PyTriton) + batcher, gRPC", "triton", "grpc"),
-    Variant("Triton (PyTriton), no batcher, HTTP", "triton-nb", "http"),
-    Variant("Triton (PyTriton), no batcher, gRPC", "triton-nb", "grpc"),
+    Variant("Triton, Python backend + batcher, HTTP", "triton", "http"),
+    Variant("Triton, Python backend + batcher, gRPC", "triton", "grpc"),
+    Variant("Triton, Python backend, no batcher, HTTP", "triton-nb", "http"),
+    Variant("Triton, Python backend, no batcher, gRPC", "triton-nb", "grpc"),
 )
 PYTRITON_VENV = ROOT / "build" / "peers" / "venvs" / "pytriton"
 
@@ -79,7 +80,15 @@ def pytriton_python() -> Path:
         print(f"installing nvidia-pytriton into {PYTRITON_VENV} ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(PYTRITON_VENV)], check=True)
         subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", "nvidia-pytriton==0.7.0", "onnxruntime", "numpy"],
+            [
+                str(py),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                *peer_settings.pin("nvidia-pytriton", "onnxruntime"),
+                "numpy",
+            ],
             check=True,
         )
     return py
@@ -110,7 +119,7 @@ def triton(model: Path, batcher: bool) -> Iterator[Ports]:
                     break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("Triton (PyTriton) did not start") from None
+                    raise RuntimeError("Triton, Python backend (PyTriton) did not start") from None
                 time.sleep(0.5)
         yield Ports(f"127.0.0.1:{http}", f"127.0.0.1:{grpc_port}")
     finally:
@@ -129,7 +138,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=1.5)
-    ap.add_argument("--no-triton", action="store_true", help="leave Triton (PyTriton) out")
+    ap.add_argument("--no-triton", action="store_true", help="leave Triton (Python backend, PyTriton) out")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--quick", action="store_true", help="one short round to check the script; no report")
     args = ap.parse_args()
@@ -189,11 +198,12 @@ def main() -> None:
         "intra-op thread; minilm FP32, batching (preferred 4/8, 2 ms), 2 intra-op threads, 32 tokens.",
         "- **Client:** perf_analyzer, `-i http` (binary tensor extension) or `-i grpc`, one "
         "connection (it multiplexes a gRPC channel; HTTP uses one connection per concurrent request).",
-        "- **Triton:** tritonserver 2.51 (C++ HTTP/gRPC front ends and scheduler) through "
-        "nvidia-pytriton 0.7.0, fraud_mlp in ONNX Runtime (1 thread) inside PyTriton's Python "
-        "backend (the wheel has no C++ onnxruntime backend), with its dynamic batcher (200 µs, "
-        "preferred 8/16, as milliserve's example) and without; up beside the other servers. "
-        "Not run for minilm.",
+        "- **Triton, Python backend:** tritonserver 2.51 (C++ HTTP/gRPC front ends and scheduler) "
+        "through nvidia-pytriton 0.7.0, fraud_mlp in ONNX Runtime (1 thread) called from Python in "
+        "Triton's **Python backend** (each batch crosses to PyTriton's process over shared memory): "
+        "not Triton's C++ ONNX Runtime backend, which the wheel does not have and which would "
+        "skip that hop. With its dynamic batcher (200 µs, preferred 8/16, as milliserve's example) "
+        "and without; up beside the other servers. Not run for minilm.",
         "",
         "| model | variant | c | infer/s | spread | p50 µs | p99 µs | vs HTTP infer/s | vs HTTP p50 |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -1,13 +1,41 @@
-"""Every setting the Python peers benchmark gives a server, with why: run_peers.py starts the
-servers with these and its section of docs/benchmarks.md prints them. A peer is set up the
-way its own documentation recommends for low latency, and all of them alike where they can be.
+"""Every setting the peer benchmarks give a server, with why, and every peer's pinned version:
+run_peers.py and embeddings.py start the servers with these and their sections of
+docs/benchmarks.md print them. A peer runs at the fastest configuration its own
+documentation offers for the load, and all of them alike where they can be.
 
-A setting is (value, why); change the value here, and its reason with it.
+A setting is (value, why); change the value here, and its reason with it. What was tried
+for each peer, and why the kept setting is its best, is in the reason.
 """
 
 from __future__ import annotations
 
 Settings = dict[str, tuple[str, str]]
+
+# Every peer's pinned version, and the pins of what our apps around a peer import (a peer's
+# venv is built from these on first use; a section names the versions it measured). What a
+# peer brings itself (numpy; infinity-emb's and fastembed's ONNX Runtime) is left to its own
+# pins: infinity-emb wants numpy<2, for one. Change a pin here, then remove its venv under
+# build/peers/venvs so that it is built again.
+VERSIONS: dict[str, str] = {
+    "mlserver": "1.7.1",
+    "litserve": "0.2.19",
+    "pyzmq": "27.2.0",  # LitServe's fast_queue transport
+    "bentoml": "1.4.40",
+    "nvidia-pytriton": "0.7.0",
+    "infinity-emb": "0.0.78",
+    "fastembed": "0.9.1",
+    "sentence-transformers": "6.2.0",
+    "torch": "2.13.0",
+    "onnxruntime": "1.30.0",
+    "fastapi": "0.142.2",
+    "uvicorn": "0.54.0",
+}
+
+
+def pin(*names: str) -> list[str]:
+    """``name==version`` for each peer package (a name with extras keeps them: ``a[b]``)."""
+    return [f"{n}=={VERSIONS[n.split('[')[0]]}" for n in names]
+
 
 # every server: the same model, the same thread
 EVERYONE: Settings = {
@@ -19,7 +47,8 @@ EVERYONE: Settings = {
     "batch window": (
         "2 ms",
         "the longest a batching peer holds a request for others to join: the window a real-time "
-        "budget of a few milliseconds can spend, the same for every peer",
+        "budget of a few milliseconds can spend, the same for every peer that has such a setting "
+        "(BentoML has none: its dispatcher sizes its own window, see below)",
     ),
     "max batch": ("32", "the most requests in one batch, the same for every peer"),
 }
@@ -45,14 +74,24 @@ LITSERVE: Settings = {
     ),
     "max_batch_size": ("32", "requests per batch (as every server)"),
     "workers_per_device": ("1", "one inference worker, as the other peers have"),
+    "fast_queue": (
+        "True",
+        "ZeroMQ between the API server and the inference worker instead of multiprocessing "
+        "queues: LitServer's docstring gives it for high throughput (over 100 requests/s, "
+        "which every load here is) and its production example sets it; an earlier run without "
+        "it measured LitServe below its best",
+    ),
 }
 
 BENTOML: Settings = {
     "max_latency_ms": (
-        "2",
-        "BentoML's adaptive batching: its docs call it the longest a batch waits to gather requests "
-        "and say to set it from the service's latency requirement: the 2 ms window every server gets (a "
-        "request its dispatcher predicts to miss it gets 503, counted in the errors column)",
+        "50",
+        "BentoML's adaptive batching: not a batch window but the service's latency target (its "
+        "docs: set it from the latency requirement; the dispatcher refuses with 503 what it "
+        "predicts would miss it, and sizes its own window by regression on recent batches). 2 ms "
+        "was tried first, as the window every server gets: its dispatcher then refused 6,135 "
+        "requests at 8 connections; 50 ms is this project's p99 objective, so a refusal means a "
+        "request it could not have served in time",
     ),
     "max_batch_size": ("32", "requests per batch (as every server)"),
     "workers": ("1", "one service worker, as the other peers have"),

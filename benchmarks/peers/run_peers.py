@@ -6,12 +6,14 @@ docs/benchmarks.md.
     python benchmarks/peers/run_peers.py --quick   # milliserve and FastAPI only; no doc
 
 Each peer is installed into its own venv under build/peers/venvs (created on
-first use, from PyPI). One server is up at a time on loopback (an idle server still
-takes CPU: LitServe's and BentoML's workers poll): each round starts each server in turn,
-measures it at concurrency 1 and 8, and stops it; the order rotates round by round. Every
-server calls ONNX Runtime with one intra-op thread; "batching on" means each server's own
-dynamic batching, set up as its docs recommend for low latency with the same 2 ms window
-and batch of 32 (milliserve: its example config). peer_settings.py holds every setting
+first use, from PyPI, at the versions pinned in peer_settings.VERSIONS). One server is up
+at a time on loopback (an idle server still takes CPU: LitServe's and BentoML's workers
+poll): each round starts each server in turn, measures it at concurrency 1 and 8, and
+stops it; the order rotates round by round. Every server calls ONNX Runtime with one
+intra-op thread; "batching on" means each server's own dynamic batching, set up as its
+docs recommend for low latency, with the same 2 ms window and batch of 32 where the peer
+has a window setting (milliserve: its example config; BentoML: its latency target
+instead; LitServe with its fast_queue transport). peer_settings.py holds every setting
 and why, and the section prints them.
 """
 
@@ -47,7 +49,12 @@ from milliserve.examples.fraud_mlp import FEATURES, build_fraud_mlp  # noqa: E40
 from milliserve.testing import ServerProcess, free_port  # noqa: E402
 
 VENVS = ROOT / "build" / "peers" / "venvs"
-PEERS = {"mlserver": ["mlserver"], "litserve": ["litserve"], "bentoml": ["bentoml"]}
+# what each peer's venv holds, pinned (peer_settings.VERSIONS)
+PEERS = {
+    "mlserver": peer_settings.pin("mlserver", "onnxruntime"),
+    "litserve": peer_settings.pin("litserve", "pyzmq", "onnxruntime"),
+    "bentoml": peer_settings.pin("bentoml", "onnxruntime"),
+}
 ROUTE = "/v2/models/fraud_mlp/infer"
 
 
@@ -57,9 +64,7 @@ def venv(name: str) -> Path:
     if not (d / "bin" / "python").exists():
         print(f"installing {name} into {d} ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(d)], check=True)
-        subprocess.run(
-            [str(d / "bin" / "pip"), "install", "-q", *PEERS[name], "onnxruntime", "numpy"], check=True
-        )
+        subprocess.run([str(d / "bin" / "pip"), "install", "-q", *PEERS[name], "numpy"], check=True)
     return d / "bin"
 
 
@@ -203,6 +208,7 @@ def main() -> None:
                 str(port),
                 str(b),
                 lit["batch_timeout"][0],
+                lit["fast_queue"][0],
             ],
             cwd=HERE,
         )
