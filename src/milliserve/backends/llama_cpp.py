@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from milliserve.backends.llama_grammar import GrammarCompiler, JsonConstraint, logits_view
+from milliserve.backends.llama_grammar import SCHEMA_FIELD, GrammarCompiler, JsonConstraint, logits_view
 from milliserve.backends.llama_options import (
     _GGML_TYPES,
     KNOWN_PARAMETERS,
@@ -329,10 +329,13 @@ class LlamaModel:
         chain = self._chain(spec)
         return chain if spec.constraint is None else _Constrained(chain, spec.constraint)
 
-    def compile_schema(self, schema: dict[str, Any]) -> JsonConstraint:
-        """A constraint for one request's JSON schema (RequestError naming the part that
-        does not compile). Thread-safe; blocking for about a millisecond."""
-        return self.grammars.compile(schema)
+    def compile_schema(
+        self, schema: dict[str, Any], field: str = SCHEMA_FIELD, param: str = "response_format"
+    ) -> JsonConstraint:
+        """A constraint for one request's JSON schema (RequestError naming the request's
+        ``field`` and the part that does not compile). Thread-safe; blocking for about a
+        millisecond."""
+        return self.grammars.compile(schema, field, param)
 
     def accept(self, sampler: Any, token: int) -> None:
         """Feed a prompt token to the sampler's history (for the repetition penalties)."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from milliserve.errors import MissingDependencyError, RequestError
 
-__all__ = ["GrammarCompiler", "JsonConstraint"]
+__all__ = ["SCHEMA_FIELD", "GrammarCompiler", "JsonConstraint"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_sepa
 # subschemas tried when looking for the part of a schema that fails
 _MOST_PARTS = 256
 _CACHED_GRAMMARS = 128
+# the request field a schema came from, named in errors (tools name their own)
+SCHEMA_FIELD = "response_format.json_schema.schema"
 
 
 def _llguidance() -> Any:
@@ -136,7 +138,7 @@ class GrammarCompiler:
             return str(exc) or exc.__class__.__name__
         return str(llg.LLMatcher.validate_grammar(grammar, None, limits=self._limits()))
 
-    def _grammar(self, schema: dict[str, Any]) -> str:
+    def _grammar(self, schema: dict[str, Any], field: str, param: str) -> str:
         key = json.dumps(schema, sort_keys=True)
         with self._lock:
             found = self._grammars.get(key)
@@ -147,9 +149,8 @@ class GrammarCompiler:
         if problem:
             where = _culprit(schema, self._problem)
             raise RequestError(
-                f"'response_format.json_schema.schema' cannot be compiled: at '{where or '/'}': "
-                f"{problem.splitlines()[-1][:300]}",
-                "response_format",
+                f"'{field}' cannot be compiled: at '{where or '/'}': {problem.splitlines()[-1][:300]}",
+                param,
             )
         llg = _llguidance()
         grammar = str(llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_OPTIONS))
@@ -159,19 +160,22 @@ class GrammarCompiler:
                 self._grammars.popitem(last=False)
         return grammar
 
-    def compile(self, schema: dict[str, Any]) -> JsonConstraint:
-        """A fresh constraint for one request (RequestError naming the failing part)."""
+    def compile(
+        self, schema: dict[str, Any], field: str = SCHEMA_FIELD, param: str = "response_format"
+    ) -> JsonConstraint:
+        """A fresh constraint for one request (RequestError naming the request's ``field``
+        and the failing part)."""
         llg = _llguidance()
-        grammar = self._grammar(schema)
+        grammar = self._grammar(schema, field, param)
         matcher = llg.LLMatcher(self._tok(), grammar, log_level=0, limits=self._limits())
         c = JsonConstraint(matcher, self.n_vocab, self._eos)
         probe = np.zeros(self.n_vocab, np.float32)
         c.mask(probe)
         if matcher.is_error() or not np.isfinite(probe).any():
             raise RequestError(
-                "'response_format.json_schema.schema' admits no JSON value (contradictory bounds?)"
+                f"'{field}' admits no JSON value (contradictory bounds?)"
                 + (f": {matcher.get_error()[:200]}" if matcher.is_error() else ""),
-                "response_format",
+                param,
             )
         return c
 

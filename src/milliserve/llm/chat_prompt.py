@@ -1,6 +1,8 @@
 """A request's prompt as tokens: its chat rendered by the model's template (ChatML where
 the model has none, or it does not compile), tokenized so that only the template's own
-text can become control tokens; its size checked before it is tokenized."""
+text can become control tokens; its size checked before it is tokenized. A chat with
+tools is rendered with them in the template's own format where it has one
+(``llm.template_tools``), else with them described in the system message."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import secrets
 from typing import Any
 
 from milliserve.errors import RequestError
-from milliserve.llm.protocol import GenerationParams
+from milliserve.llm.protocol import ChatMessage, GenerationParams
+from milliserve.llm.template_tools import native_calls, template_message, template_tools, tool_messages
+from milliserve.llm.tools import call_schema
 
 __all__ = ["MAX_PROMPT_BYTES", "ChatPrompt", "check_size", "compile_template"]
 
@@ -52,16 +56,58 @@ class ChatPrompt:
     def __init__(self, model: Any) -> None:
         self.model = model
         self.template = compile_template(model.chat_template)
+        # the template shows tools and calls in its own format, one this server parses
+        self.native_tools = self.template is not None and native_calls(model.chat_template, self._probe)
 
-    def render(self, params: GenerationParams, contents: list[str] | None = None) -> str:
-        """The chat as the model's template renders it (with ``contents`` in place of the
-        messages' contents, when given)."""
+    def _probe(self, **context: Any) -> str:
+        return str(
+            self.template.render(
+                add_generation_prompt=True,
+                bos_token=self.model.bos_text,
+                eos_token=self.model.eos_text,
+                **context,
+            )
+        )
+
+    def plan_tools(self, params: GenerationParams) -> None:
+        """Decide how a request with tools is answered: in the template's own call format
+        (parsed; ``auto`` on a template that has one) or held to the calls' JSON schema
+        (``params.schema``; ``required``, a named function, or a template without one)."""
+        plan = params.tools
+        if plan is None:
+            return
+        plan.native = self.native_tools and plan.choice == "auto"
+        params.schema = None if plan.native else call_schema(plan)
+
+    def messages(self, params: GenerationParams) -> list[ChatMessage]:
+        """The messages the template renders: the request's, or, for a template without
+        tools, those with the tools described and the calls and their results as text."""
         given = params.messages or []
+        if (params.tools is None and not params.tool_history) or self.native_tools:
+            return given
+        return tool_messages(given, params.tools)
+
+    def render(
+        self,
+        params: GenerationParams,
+        contents: list[str] | None = None,
+        given: list[ChatMessage] | None = None,
+    ) -> str:
+        """The chat as the model's template renders it (``given``: its messages, by default
+        ``messages(params)``; with ``contents`` in place of their contents, when given)."""
+        if given is None:
+            given = self.messages(params)
         texts = contents if contents is not None else [m.content for m in given]
-        msgs = [{"role": m.role, "content": t} for m, t in zip(given, texts, strict=True)]
+        if params.tool_history and self.native_tools:
+            msgs = [template_message(m, t) for m, t in zip(given, texts, strict=True)]
+        else:
+            msgs = [{"role": m.role, "content": t} for m, t in zip(given, texts, strict=True)]
         if self.template is None:  # ChatML, the common default
             body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
             return body + "<|im_start|>assistant\n"
+        extra: dict[str, Any] = {}
+        if params.tools is not None and self.native_tools:
+            extra["tools"] = template_tools(params.tools.offered())
         try:
             return str(
                 self.template.render(
@@ -69,6 +115,7 @@ class ChatPrompt:
                     add_generation_prompt=True,
                     bos_token=self.model.bos_text,
                     eos_token=self.model.eos_text,
+                    **extra,
                 )
             )
         except RequestError:
@@ -91,14 +138,14 @@ class ChatPrompt:
         message's content; its own text is tokenized with special tokens parsed, the
         contents without."""
         model = self.model
-        msgs = params.messages or []
+        msgs = self.messages(params)
         nonce = secrets.token_hex(8)
         marks = [f"\x00{nonce}:{i}\x00" for i in range(len(msgs))]
-        marked = self.render(params, marks)
+        marked = self.render(params, marks, msgs)
         check_size(marked, sum(len(m.content) for m in msgs))
         special = model.add_bos and not (model.bos_text and marked.startswith(model.bos_text))
         pieces = re.split(f"\x00{nonce}:(\\d+)\x00", marked)
-        whole = self.render(params) if self.template is not None else None
+        whole = self.render(params, None, msgs) if self.template is not None else None
         if whole is not None and whole != "".join(
             msgs[int(p)].content if i % 2 else p for i, p in enumerate(pieces)
         ):

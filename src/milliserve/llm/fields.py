@@ -4,7 +4,7 @@ A field the server would accept and then ignore is a silent lie: a client asking
 JSON got prose, a client asking for log-probabilities got none. So each field of
 OpenAI's chat and text completion requests is here in one of three groups:
 
-- honoured (parsed in ``llm.protocol``);
+- honoured (parsed in ``llm.protocol``; a chat's tools in ``llm.tools``);
 - describing the caller, not the answer (``user``, ``metadata``...): accepted, they
   change nothing OpenAI's own server would return either;
 - not supported: accepted only with the value that means "off" (``logprobs: false``,
@@ -59,7 +59,9 @@ _COMMON = frozenset(
         "priority",
     }
 )
-_CHAT = _COMMON | {"messages", "max_completion_tokens"}
+# tool calling (llm.tools), chat only
+_TOOLS = frozenset({"tools", "tool_choice", "parallel_tool_calls"})
+_CHAT = _COMMON | _TOOLS | {"messages", "max_completion_tokens"}
 _COMPLETION = _COMMON | {"prompt"}
 # the caller's bookkeeping: no effect on any answer (OpenAI's server uses them for abuse
 # monitoring, dashboards and cache routing; the prefix cache here needs no hint)
@@ -85,6 +87,7 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "echo": (None, False),
     "suffix": (None, ""),
 }
+_OFF_CHAT = {k: v for k, v in _OFF.items() if k not in _TOOLS}
 # Triton generate: fields that change the answer and are not honoured
 _GENERATE_REFUSED: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False, 0),
@@ -126,7 +129,7 @@ def _refuse_unless_off(doc: dict[str, Any], table: dict[str, tuple[Any, ...]]) -
 def check_openai_fields(doc: dict[str, Any], chat: bool) -> None:
     """Refuse, by name, any field of a chat or text completion that would not be honoured."""
     known = _CHAT if chat else _COMPLETION
-    _refuse_unless_off(doc, _OFF)
+    _refuse_unless_off(doc, _OFF_CHAT if chat else _OFF)
     for key in doc:
         if key not in known and key not in _BOOKKEEPING and key not in _OFF:
             what = "chat completion" if chat else "completion"

@@ -15,6 +15,7 @@ from typing import Any
 
 from milliserve.errors import RequestError
 from milliserve.llm.fields import check_generate_fields, check_openai_fields, priority_of, schema_of
+from milliserve.llm.tools import ToolCall, ToolPlan, parse_message_calls, parse_tools
 
 __all__ = [
     "ChatMessage",
@@ -38,6 +39,9 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 class ChatMessage:
     role: str
     content: str
+    # an assistant's calls; a tool message's answer to one of them
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -63,6 +67,10 @@ class GenerationParams:
     model: str = ""
     # the JSON schema the answer must follow (``response_format``), None for free text
     schema: dict[str, Any] | None = None
+    # the tools the answer may call (None: it calls none)
+    tools: ToolPlan | None = None
+    # a message calls a tool or answers one (rendered as the model's template shows calls)
+    tool_history: bool = False
     # the requested priority level (1 first; None: the model's default; fields.LOWEST_PRIORITY)
     priority: int | None = None
     # who sent it, for fair admission (set by the front end: the peer's address)
@@ -171,8 +179,21 @@ def parse_openai(doc: Any, chat: bool) -> GenerationParams:
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or m.get("role") not in _ROLES:
                 raise RequestError(f"messages[{i}]: 'role' must be one of {list(_ROLES)}", "messages")
-            out.append(ChatMessage(m["role"], _content(m.get("content"), f"messages[{i}]")))
+            role, content = m["role"], _content(m.get("content"), f"messages[{i}]")
+            if role == "assistant" and m.get("tool_calls"):
+                calls = parse_message_calls(i, m["tool_calls"])
+                out.append(ChatMessage(role, content, tool_calls=calls))
+                p.tool_history = True
+            elif role == "tool":
+                call_id = m.get("tool_call_id")
+                if not isinstance(call_id, str):
+                    raise RequestError(f"messages[{i}]: a tool message needs its 'tool_call_id'", "messages")
+                out.append(ChatMessage(role, content, tool_call_id=call_id))
+                p.tool_history = True
+            else:
+                out.append(ChatMessage(role, content))
         p.messages = out
+        p.tools = parse_tools(doc)
     else:
         prompt = doc.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -192,6 +213,12 @@ def parse_openai(doc: Any, chat: bool) -> GenerationParams:
         p.include_usage = bool(opts.get("include_usage", False))
     p.priority = priority_of(doc)
     p.schema = schema_of(doc.get("response_format"))
+    if p.schema is not None and p.tools is not None:
+        raise RequestError(
+            "'response_format' with a JSON schema and 'tools' cannot be combined (the answer is held "
+            "to the tools' calls); send tool_choice 'none' to use response_format",
+            "response_format",
+        )
     return p
 
 
@@ -313,8 +340,13 @@ def completion_chunk(
     return _answer(rid, "text_completion", created, model, choice, usage, timing)
 
 
-def chat_response(model: str, text: str, finish: str, usage: dict[str, int] | None) -> dict[str, Any]:
-    choice = {"message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+def chat_response(
+    model: str, text: str, finish: str, usage: dict[str, int] | None, message: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A chat answer: ``text`` as its content, or ``message`` as it is (tool calls)."""
+    if message is None:
+        message = {"role": "assistant", "content": text}
+    choice = {"message": message, "logprobs": None, "finish_reason": finish}
     return _answer(new_id(True), "chat.completion", int(time.time()), model, choice, usage, always_usage=True)
 
 

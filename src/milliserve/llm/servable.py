@@ -204,6 +204,8 @@ class GenerativeServable:
         if self._closed:
             raise ServerShuttingDownError(f"model {self.config.name!r} is unloading")
         arrival = time.perf_counter()
+        if params.tools is not None:  # the template's call format, or the calls' schema
+            self.prompts.plan_tools(params)
         if (params.prompt and len(params.prompt) > OFFLOAD_CHARS) or sum(
             len(m.content) for m in params.messages or ()
         ) > OFFLOAD_CHARS:
@@ -233,10 +235,7 @@ class GenerativeServable:
             )
         constraint = None
         if params.schema is not None:  # compiled off the event loop (about a millisecond)
-            if self._executor is not None:
-                constraint = await self._executor.offload(self.model.compile_schema, params.schema)
-            else:
-                constraint = await asyncio.to_thread(self.model.compile_schema, params.schema)
+            constraint = await self._constraint(params)
         engine = self.engine
         level = self._level(params.priority)
         self._admissible(params.client)
@@ -285,6 +284,27 @@ class GenerativeServable:
         )
         engine.submit(req)
         return GenerationStream(self, req, queue)
+
+    async def _compile(self, schema: dict[str, Any], *label: str) -> Any:
+        if self._executor is not None:
+            return await self._executor.offload(self.model.compile_schema, schema, *label)
+        return await asyncio.to_thread(self.model.compile_schema, schema, *label)
+
+    async def _constraint(self, params: GenerationParams) -> Any:
+        """The request's schema compiled; for tools, an error names the function whose
+        parameters do not compile."""
+        assert params.schema is not None
+        if params.tools is None:
+            return await self._compile(params.schema)
+        try:
+            return await self._compile(params.schema, "tools", "tools")
+        except RequestError:
+            for i, tool in enumerate(params.tools.tools):
+                try:
+                    await self._compile(tool.parameters, f"tools[{i}].function.parameters", "tools")
+                except RequestError as exc:
+                    raise RequestError(f"function '{tool.name}': {exc.message}", "tools") from None
+            raise
 
     def _level(self, priority: int | None) -> int:
         """The queue level (0 first) of a request's ``priority`` (1 first; None: the default)."""

@@ -32,6 +32,7 @@ from milliserve.errors import (
 )
 from milliserve.llm.client import EngineClient, GenerationEvents
 from milliserve.llm.protocol import (
+    GenerationParams,
     chat_chunk,
     chat_response,
     completion_chunk,
@@ -42,6 +43,7 @@ from milliserve.llm.protocol import (
     parse_openai,
     server_timing,
 )
+from milliserve.llm.tool_calls import call_parser, message_of, stream_delta
 from milliserve.observability.tracing import note_generation
 from milliserve.protocol.json_codec import decode_json_object, encode_json
 from milliserve.runtime.dataplane import DataPlane
@@ -74,12 +76,20 @@ def _client_of(scope: dict[str, Any]) -> str:
 
 
 def _transport(send: Send) -> Any:
-    """The connection's transport behind uvicorn's ``send`` (None on another ASGI server)."""
+    """The connection's transport behind our HTTP server's ``send`` (None on another ASGI server)."""
     return getattr(getattr(send, "__self__", None), "transport", None)
 
 
 def _sse(doc: dict[str, Any]) -> bytes:
     return b"data: " + encode_json(doc) + b"\n\n"
+
+
+def _tool_finish(calls: int, finish: str | None) -> str:
+    """OpenAI's finish reason of an answer that made ``calls`` calls: "tool_calls" when it
+    ended on its own; a cut one keeps its reason (length)."""
+    if calls and finish in (None, "stop"):
+        return "tool_calls"
+    return finish or "stop"
 
 
 class _Gone(Exception):
@@ -192,6 +202,9 @@ class GenerateRoutes:
         params = parse_openai(await self._body(scope, receive), chat)
         params.client = _client_of(scope)
         servable: EngineClient = self.dp.servable_as(EngineClient, params.model, what=_GENERATIVE)
+        if params.tools is not None:  # its own road: the plain chat's stays as it is
+            await self._tool_chat(servable, params, receive, send)
+            return
         if not params.stream:
             text, last = await self._complete(servable, params, receive)
             note_generation(params.model, last.timing, last.usage, last.finish)
@@ -233,6 +246,47 @@ class GenerateRoutes:
             return gen()
 
         await self._stream(servable, stream, receive, send, chunks(), t0)
+
+    async def _tool_chat(
+        self, servable: EngineClient, params: GenerationParams, receive: Receive, send: Send
+    ) -> None:
+        """A chat that may call tools: its text read by the call parser of its format, calls
+        sent as ``tool_calls`` (streamed: name first, then argument fragments), never as
+        content; ``finish_reason`` "tool_calls" when it made some."""
+        model = params.model
+        if not params.stream:
+            text, last = await self._complete(servable, params, receive)
+            note_generation(model, last.timing, last.usage, last.finish)
+            parser = call_parser(params.tools)
+            message = message_of(parser.feed(text) + parser.close())
+            finish = _tool_finish(parser.calls, last.finish)
+            doc = chat_response(model, text, finish, last.usage, message)
+            await self._json(send, doc, [(b"server-timing", server_timing(last.timing).encode())])
+            return
+        t0 = time.perf_counter_ns()
+        stream = await servable.generate(params)
+        parser = call_parser(params.tools)
+        rid, created = new_id(True), int(time.time())
+
+        async def gen() -> Any:
+            yield _sse(chat_chunk(rid, model, created, {"role": "assistant", "content": None}))
+            async for ev in stream.events():
+                pieces = parser.feed(ev.text)
+                if ev.finish is not None:
+                    pieces += parser.close()
+                for delta in stream_delta(pieces):
+                    yield _sse(chat_chunk(rid, model, created, delta))
+                if ev.finish is None:
+                    continue
+                note_generation(model, ev.timing, ev.usage, ev.finish)
+                finish = _tool_finish(parser.calls, ev.finish)
+                timing = None if params.include_usage else ev.timing
+                yield _sse(chat_chunk(rid, model, created, {}, finish, timing=timing))
+                if params.include_usage:
+                    yield _sse(chat_chunk(rid, model, created, None, usage=ev.usage, timing=ev.timing))
+            yield _DONE
+
+        await self._stream(servable, stream, receive, send, gen(), t0)
 
     # ---- Triton's generate extension ----
     async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, rest: list[str]) -> None:
