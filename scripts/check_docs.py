@@ -41,6 +41,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # flags of other programs that the docs name in inline code, and whose they are
 OTHER_TOOLS = {
     "--enable-unsafe-webgpu": "Chromium",
+    "--engine": "infinity-emb's CLI (infinity_emb v2)",
     "--interrupt_requests": "llama-cpp-python's llama_cpp.server",
     "--stop-timeout": "docker run",
 }
