@@ -71,7 +71,7 @@ def _post(server: ServerProcess, body: dict[str, Any], path: str = "/v1/chat/com
     [
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"logprobs": True}, "logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"stream_options": {"include_usage": True, "chunked": True}}, "stream_options"),
         ({"frobnicate": 1}, "frobnicate"),

@@ -6,6 +6,7 @@ tools is rendered with them in the template's own format where it has one
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import secrets
@@ -30,6 +31,10 @@ def check_size(text: str, contents: int = 0) -> None:
         raise RequestError(f"the prompt is over {MAX_PROMPT_BYTES} bytes", "messages")
 
 
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
 def compile_template(source: str | None) -> Any:
     """The model's chat template compiled in jinja2's sandbox; None (ChatML) where it has
     none or it does not compile."""
@@ -43,6 +48,9 @@ def compile_template(source: str | None) -> Any:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = fail
+    # as transformers renders templates: plain JSON (jinja2's own escapes <, > and ' for
+    # HTML, which would change the tools and arguments a model reads)
+    env.filters["tojson"] = _tojson
     try:
         return env.from_string(source)
     except TemplateError as exc:
