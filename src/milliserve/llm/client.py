@@ -24,6 +24,8 @@ class GenerationEvents(Protocol):
     """One admitted request: iterate ``events()`` for its text; ``cancel()`` (or leaving
     the iteration early) stops it and frees what it holds."""
 
+    prompt_tokens: int
+
     def events(self) -> AsyncIterator[Event]: ...
 
     def cancel(self) -> None: ...

@@ -11,16 +11,23 @@ goes out as content.
 Each parser's ``feed(text)`` returns the pieces that text completes: ``str`` (content),
 ``CallStart`` (a call's index, id and name, always before its arguments) and
 ``CallArguments`` (a fragment of a call's arguments, JSON text); ``close()`` those held
-at the end. ``stream_delta`` and ``message_of`` make OpenAI's chunks and message of them.
+at the end. A call that repeats an earlier one of the same answer (same function, same
+arguments) ends the answer and is dropped (``repeated``): a small model asked for calls
+in parallel otherwise writes the same call until ``max_tokens``. So a second or later
+JSON call goes out whole, once it is known to be new; the first streams as it comes.
+``stream_delta`` and ``message_of`` make OpenAI's chunks and message of them.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from milliserve.llm.client import GenerationEvents
+from milliserve.llm.sequence import Event
 from milliserve.llm.tools import ToolPlan
 
 __all__ = [
@@ -30,6 +37,7 @@ __all__ = [
     "JsonCalls",
     "Piece",
     "TaggedCalls",
+    "answer_pieces",
     "call_parser",
     "message_of",
     "stream_delta",
@@ -58,6 +66,9 @@ def _call_id() -> str:
 
 class CallParser(Protocol):
     calls: int  # how many calls have started
+    # a call repeated an earlier one of the same answer (same function and arguments): the
+    # answer ends there, without it (small models otherwise call the same again and again)
+    repeated: bool
 
     def feed(self, text: str) -> list[Piece]: ...
 
@@ -111,6 +122,10 @@ class JsonCalls:
         self._cut = False
         self._named: dict[int, CallStart] = {}
         self._held: dict[int, str] = {}  # arguments seen before their call's name
+        self._arguments: dict[int, str] = {}
+        self._seen: set[tuple[str, str]] = set()
+        self._pending: list[Piece] = []  # a second or later call, until it is whole
+        self.repeated = False
         self._out: list[Piece] = []
 
     # where the scanner is: a key for an object, None for an array's items
@@ -123,9 +138,37 @@ class JsonCalls:
                 return False
         return True
 
+    def _put(self, i: int, piece: Piece) -> None:
+        """The first call goes out as it comes; a later one when it is whole, once it is
+        known not to repeat an earlier one."""
+        if i:
+            _add(self._pending, piece)
+            return
+        if isinstance(piece, CallStart):
+            self.calls += 1
+        _add(self._out, piece)
+
+    def _flush(self) -> None:
+        for piece in self._pending:
+            if isinstance(piece, CallStart):
+                self.calls += 1
+            _add(self._out, piece)
+        self._pending.clear()
+
+    def _call_done(self, i: int) -> None:
+        start = self._named.get(i)
+        key = (start.name if start else "", self._arguments.get(i, ""))
+        if key in self._seen:
+            self.repeated = True
+            self._pending.clear()
+            return
+        self._seen.add(key)
+        self._flush()
+
     def _args(self, i: int, text: str) -> None:
         if i in self._named:
-            _add(self._out, CallArguments(i, text))
+            self._put(i, CallArguments(i, text))
+            self._arguments[i] = self._arguments.get(i, "") + text
         else:
             self._held[i] = self._held.get(i, "") + text
 
@@ -140,11 +183,12 @@ class JsonCalls:
             i = stack[1].index
             start = CallStart(i, _call_id(), text)
             self._named[i] = start
-            self.calls += 1
-            _add(self._out, start)
+            self._put(i, start)
             held = self._held.pop(i, "")
             if held:
-                _add(self._out, CallArguments(i, held))
+                self._args(i, held)
+        elif not self._in_string and len(stack) == 2 and self._at("tool_calls", None):
+            self._call_done(stack[1].index)
         if self._capture is not None and len(stack) == self._capture_depth:
             self._capture = None
 
@@ -226,6 +270,8 @@ class JsonCalls:
     def feed(self, text: str) -> list[Piece]:
         self._out = []
         for c in text:
+            if self.repeated:  # the answer ends at the repeat: the rest is not read
+                break
             copying = self._capture
             self._char(c)
             i = copying if copying is not None else self._capture
@@ -241,6 +287,8 @@ class JsonCalls:
             self._value_end("")
         # arguments whose call never got a name (cut by max_tokens): nothing to call
         self._held.clear()
+        if not self.repeated:
+            self._flush()  # a later call cut by max_tokens: what came of it, as for the first
         return self._out
 
 
@@ -259,6 +307,8 @@ class TaggedCalls:
         self._buf = ""
         self._in_call = False
         self._space = ""  # whitespace held: it goes out only before more content
+        self._seen: set[tuple[str, str]] = set()
+        self.repeated = False
 
     def _content(self, out: list[Piece], text: str) -> None:
         # trailing whitespace is held: it goes out only if more content follows
@@ -277,16 +327,21 @@ class TaggedCalls:
         if not isinstance(doc, dict) or not isinstance(doc.get("name"), str) or not isinstance(args, dict):
             self._content(out, OPEN + body + CLOSE)
             return
+        text = json.dumps(args, ensure_ascii=False)
+        if (doc["name"], text) in self._seen:
+            self.repeated = True
+            return
+        self._seen.add((doc["name"], text))
         i = self.calls
         self.calls += 1
         self._space = ""
         out.append(CallStart(i, _call_id(), doc["name"]))
-        out.append(CallArguments(i, json.dumps(args, ensure_ascii=False)))
+        out.append(CallArguments(i, text))
 
     def feed(self, text: str) -> list[Piece]:
         out: list[Piece] = []
         buf = self._buf + text
-        while buf:
+        while buf and not self.repeated:
             if self._in_call:
                 end = buf.find(CLOSE)
                 if end < 0:
@@ -311,6 +366,8 @@ class TaggedCalls:
 
     def close(self) -> list[Piece]:
         out: list[Piece] = []
+        if self.repeated:
+            return out
         if self._in_call:  # cut before its end tag: a call if what came is one
             if self._buf.strip():
                 self._call(out, self._buf)
@@ -324,6 +381,35 @@ def call_parser(plan: ToolPlan | None) -> CallParser:
     """The parser of an answer to a request with tools: the template's own format where
     the model answers in it (``plan.native``), else the constrained JSON document."""
     return TaggedCalls() if plan is not None and plan.native else JsonCalls()
+
+
+async def answer_pieces(
+    stream: GenerationEvents, parser: CallParser
+) -> AsyncIterator[tuple[list[Piece], Event | None]]:
+    """The pieces of each of an answer's events, with its last event (None before it).
+    An answer that repeats a call is stopped there: its sequence is cancelled and its last
+    event made here, finished "stop", with the tokens it took."""
+    tokens = 0
+    async for ev in stream.events():
+        tokens += ev.tokens
+        pieces = parser.feed(ev.text)
+        if parser.repeated and ev.finish is None:
+            stream.cancel()
+            prompt = stream.prompt_tokens
+            usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": tokens,
+                "total_tokens": prompt + tokens,
+                "cached_tokens": 0,
+                "draft_tokens": 0,
+                "accepted_draft_tokens": 0,
+            }
+            yield pieces + parser.close(), Event("", 0, "stop", usage=usage)
+            return
+        if ev.finish is not None:
+            yield pieces + parser.close(), ev
+            return
+        yield pieces, None
 
 
 # ---- OpenAI's shapes ----

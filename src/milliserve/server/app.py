@@ -8,17 +8,14 @@ connections, let in-flight HTTP requests and gRPC calls finish (up to
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import uvicorn
 from prometheus_client import CollectorRegistry, generate_latest
 
 from milliserve.cache.response_cache import CacheFactory
@@ -38,15 +35,15 @@ from milliserve.server.grpc.native import NativeGrpcServer
 from milliserve.server.grpc.options import server_options
 from milliserve.server.grpc.servicer import CallCount, build_grpc_server
 from milliserve.server.http.app import HttpApp
-from milliserve.server.http.connection import protocol_class
+from milliserve.server.http.connection import HttpProtocol
 from milliserve.server.http.edge_files import EdgeFiles
 from milliserve.server.http.listener import ConnectionLimits
+from milliserve.server.http.server import HttpServer
 from milliserve.server.listeners import (
     GRPC,
     HTTP,
     METRICS,
     WorkerSlot,
-    accept_waiting,
     bind_grpc,
     bind_tcp,
     inherited,
@@ -62,32 +59,6 @@ log = logging.getLogger(__name__)
 
 # the metrics port serves a scraper or two: a small share of the file descriptors is plenty
 METRICS_MAX_CONNECTIONS = 64
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: the Server owns signals and shutdown order."""
-
-    listen_sock: socket.socket | None = None
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        # Connections the kernel has completed but the loop has not accepted yet are reset
-        # when the listening socket closes, and their clients may have sent a request on
-        # them already (lost: they cannot tell whether it ran). With --workers the socket is
-        # shared, and a busy worker leaves some there. Take them in first: the protocol's
-        # shutdown then answers their requests with Connection: close.
-        config = self.config
-
-        def protocol() -> asyncio.Protocol:
-            return config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=self.server_state, app_state=self.lifespan.state
-            )
-
-        await accept_waiting(self.listen_sock, protocol)
-        await super().shutdown(sockets)  # closes the listener before it awaits anything
 
 
 class Server:
@@ -145,7 +116,9 @@ class Server:
         self.edge_files = (
             EdgeFiles(e.dir, e.immutable_max_age_s, self.executor.offload) if e.dir is not None else None
         )
-        self._uvicorns: list[tuple[_Uvicorn, asyncio.Task[None]]] = []
+        # the HTTP listeners (the public port, the metrics port, a worker's private port),
+        # each with the grace its requests get at the stop
+        self._http: list[tuple[HttpServer, float | None]] = []
         self._grpc: Any = None
         self._grpc_sock: socket.socket | None = None  # the native stack's listening socket
         self._grpc_calls = CallCount()
@@ -182,37 +155,22 @@ class Server:
         app.generate.configure_streams(h.stream_write_timeout_s, h.stream_buffer_bytes)
         return app
 
-    def _uvicorn(
-        self, app: Any, limits: ConnectionLimits, graceful_s: float, wire: WireLog | None = None
-    ) -> _Uvicorn:
-        # the socket is bound by bind_tcp (host and port are not uvicorn's); the protocol
-        # class holds the connection limits and the keep-alive deadline
-        http = protocol_class(limits)
-        config = uvicorn.Config(
-            app,
-            http=timed_protocol(http, wire) if wire is not None else http,
-            ws="none",
-            lifespan="off",
-            access_log=False,
-            log_config=None,
-            timeout_graceful_shutdown=int(graceful_s) or None,
-            server_header=False,
-            date_header=False,
-            # the client is the socket's peer: X-Forwarded-For from loopback is not trusted
-            proxy_headers=False,
-            headers=[limits.keep_alive_header],
-        )
-        return _Uvicorn(config)
-
-    async def _start_uvicorn(self, server: _Uvicorn, sock: socket.socket, what: str) -> None:
-        server.listen_sock = sock
-        task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn-{what}")
-        while not server.started:
-            if task.done():
-                task.result()  # re-raise what stopped it
-                raise ConfigError(f"the {what} server did not start on {sock.getsockname()}")
-            await asyncio.sleep(0.01)
-        self._uvicorns.append((server, task))
+    async def _listen(
+        self,
+        app: Any,
+        limits: ConnectionLimits,
+        sock: socket.socket,
+        what: str,
+        graceful_s: float,
+        wire: WireLog | None = None,
+    ) -> None:
+        """Serve ``app`` on ``sock`` (bound by ``_bind`` or inherited from the parent of
+        ``--workers``) with ``limits``; ``graceful_s``: how long its requests in flight get
+        at the stop (0: no bound)."""
+        protocol = timed_protocol(HttpProtocol, wire) if wire is not None else HttpProtocol
+        server = HttpServer(app, limits, protocol, what)
+        await server.start(sock)
+        self._http.append((server, graceful_s or None))
 
     def _bind(self) -> tuple[socket.socket | None, socket.socket | None, int | None]:
         """Bind every port before anything starts: the HTTP and metrics sockets, and the
@@ -299,17 +257,14 @@ class Server:
         w = self.worker
         if w is not None:  # the private port first: siblings ask it for metrics and statistics
             peer_limits = replace(limits, max_connections=METRICS_MAX_CONNECTIONS)
-            await self._start_uvicorn(
-                self._uvicorn(self.http_app(local=True), peer_limits, 1), inherited(w.peer_fd), "peer"
-            )
+            await self._listen(self.http_app(local=True), peer_limits, inherited(w.peer_fd), "peer", 1)
             if not w.accept_early:  # join the shared ports only once warm
                 await self._load()
         if http_sock is not None:
             app: Any = self.http_app() if self.tracing is None else self.tracing.http(self.http_app())
             if self._wire is not None:
                 self._wire.start()
-            server = self._uvicorn(app, limits, s.shutdown_grace_s, self._wire)
-            await self._start_uvicorn(server, http_sock, "http")
+            await self._listen(app, limits, http_sock, "http", s.shutdown_grace_s, self._wire)
         if isinstance(self._grpc, NativeGrpcServer):
             assert self._grpc_sock is not None
             await self._grpc.start(self._grpc_sock)
@@ -318,7 +273,7 @@ class Server:
         if metrics_sock is not None:
             metrics_app = MetricsApp(self.metrics_text)
             metrics_limits = replace(limits, max_connections=min(h.max_connections, METRICS_MAX_CONNECTIONS))
-            await self._start_uvicorn(self._uvicorn(metrics_app, metrics_limits, 1), metrics_sock, "metrics")
+            await self._listen(metrics_app, metrics_limits, metrics_sock, "metrics", 1)
         log.info(
             "listening on %s: http %s, grpc %s, metrics %s",
             s.host,
@@ -365,9 +320,8 @@ class Server:
         self.dataplane.stopping = True
         grace = self.settings.shutdown_grace_s
         waits = []
-        for server, task in self._uvicorns:
-            server.should_exit = True
-            waits.append(task)
+        for server, grace_s in self._http:
+            waits.append(asyncio.ensure_future(server.stop(grace_s)))
         if isinstance(self._grpc, NativeGrpcServer):
             waits.append(asyncio.ensure_future(self._grpc.stop(grace)))
         elif self._grpc is not None:

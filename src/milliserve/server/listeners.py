@@ -20,6 +20,7 @@ from typing import Any
 from milliserve.errors import ConfigError
 
 __all__ = [
+    "BACKLOG",
     "GRPC",
     "HTTP",
     "METRICS",
@@ -31,7 +32,7 @@ __all__ = [
     "inherited",
 ]
 
-# pending connections the kernel queues before accept (uvicorn's default)
+# pending connections the kernel queues before accept
 BACKLOG = 2048
 
 

@@ -4,6 +4,7 @@ prompts a template with or without a call format of its own is given."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,14 @@ import pytest
 
 from milliserve.llm.chat_prompt import ChatPrompt
 from milliserve.llm.protocol import parse_openai
+from milliserve.llm.sequence import Event
 from milliserve.llm.tool_calls import (
     CallArguments,
     CallStart,
     JsonCalls,
     Piece,
     TaggedCalls,
+    answer_pieces,
     message_of,
     stream_delta,
 )
@@ -208,3 +211,56 @@ def test_a_plain_chat_renders_as_before() -> None:
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+@pytest.mark.parametrize("step", [1, 7, 1000])
+def test_a_repeated_call_ends_the_answer_without_it(step: int) -> None:
+    a = '{"name": "add", "arguments": {"a": 2, "b": 3}}'
+    b = '{"name": "add", "arguments": {"a": 4, "b": 5}}'
+    parser = JsonCalls()
+    message = message_of(_run(parser, '{"tool_calls": [' + ", ".join([a, b, a, b, a]), step))
+    assert parser.repeated and parser.calls == 2
+    assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        {"a": 2, "b": 3},
+        {"a": 4, "b": 5},
+    ]
+    tagged = TaggedCalls()
+    blocks = "".join(f"<tool_call>{x}</tool_call>\n" for x in (a, a, b))
+    assert len(message_of(_run(tagged, blocks, step))["tool_calls"]) == 1 and tagged.repeated
+
+
+class _Events:
+    """A stream of engine events, as GenerativeServable's."""
+
+    prompt_tokens = 11
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.cancelled = False
+
+    async def events(self) -> Any:
+        for i, text in enumerate(self.texts):
+            last = i == len(self.texts) - 1
+            yield Event(text, 1, "stop" if last else None, usage={"completion_tokens": 9} if last else None)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_answer_pieces_stops_a_repeating_answer_with_its_usage() -> None:
+    call = '{"name": "f", "arguments": {}}'
+    events = _Events(["{", '"tool_calls": [', call, ", ", call, ", ", call, "]}"])
+
+    got = asyncio.run(_collect(events))
+    assert events.cancelled
+    last = got[-1][1]
+    assert last is not None and last.finish == "stop" and last.usage is not None
+    assert last.usage["prompt_tokens"] == 11 and last.usage["completion_tokens"] == 5
+    assert sum(isinstance(p, CallStart) for pieces, _ in got for p in pieces) == 1
+    plain = _Events(['{"response": "ok"}'])
+    done = asyncio.run(_collect(plain))
+    assert done[-1][1] is not None and done[-1][1].usage == {"completion_tokens": 9} and not plain.cancelled
+
+
+async def _collect(events: _Events) -> list[tuple[list[Piece], Event | None]]:
+    return [x async for x in answer_pieces(events, JsonCalls())]

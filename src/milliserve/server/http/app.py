@@ -1,6 +1,6 @@
 """The Open Inference Protocol over HTTP, as a raw ASGI application.
 
-No framework sits between uvicorn and the dataplane: routing is a split of the
+No framework sits between the HTTP server and the dataplane: routing is a split of the
 path, JSON goes through orjson, and the body size is limited while it is read.
 The choice was measured (docs/benchmarks.md): a framework's routing and
 request objects cost more than the whole tiny-model inference.

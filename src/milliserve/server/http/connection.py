@@ -3,7 +3,8 @@ limits, and each request is handed to the ASGI application with a ``Cycle`` that
 its response in one piece (``server/http/cycle.py``); what a listener's connections share,
 its limits and prepared answers, is in ``server/http/listener.py``.
 
-Why not uvicorn's protocol (which this one replaced, keeping its server loop): a tiny
+Why not uvicorn's protocol (which this one replaced; its server loop went later, for
+``server/http/server.py``): a tiny
 model's whole request costs less than uvicorn's per-request work around it: an
 ``asyncio.Event``, a header regex per header, two writes per response (the head, then the
 body: two syscalls and two wake-ups of the client), the proxy-headers middleware. The
@@ -29,17 +30,18 @@ import logging
 import math
 import urllib.parse
 from collections import deque
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httptools
-from uvicorn.config import Config
-from uvicorn.server import ServerState
 
 from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE
 from milliserve.server.http.cycle import Cycle
-from milliserve.server.http.listener import ConnectionLimits, Lingering, Listener
+from milliserve.server.http.listener import Lingering, Listener
 
-__all__ = ["HttpProtocol", "protocol_class"]
+if TYPE_CHECKING:
+    from milliserve.server.http.server import HttpServer
+
+__all__ = ["HttpProtocol"]
 
 log = logging.getLogger(__name__)
 
@@ -68,37 +70,25 @@ class _HeadTooLarge(Exception):
 
 
 class HttpProtocol(asyncio.Protocol):
-    """One HTTP/1.1 connection with the limits of ``listener`` (see ``protocol_class``).
-
-    Built for uvicorn's server loop (``uvicorn.Config(http=...)``: its constructor, its
-    ``server_state`` of connections and tasks, ``shutdown()`` for the graceful stop), but
-    not on its protocol: requests are parsed by httptools into ASGI scopes here, and each
-    one's response is written by a ``Cycle`` (``server/http/cycle.py``).
+    """One HTTP/1.1 connection of ``server`` (``server/http/server.py``), with its
+    listener's limits: requests are parsed by httptools into ASGI scopes here, and each
+    one's response is written by a ``Cycle`` (``server/http/cycle.py``). ``shutdown()`` is
+    the server's graceful stop, told to each connection.
     """
 
-    listener: Listener
-
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        if not config.loaded:
-            config.load()
-        self.app = config.loaded_app
-        self.loop = _loop or asyncio.get_event_loop()
-        self.server_state = server_state
-        self.connections: set[Any] = server_state.connections
-        self.tasks: set[asyncio.Task[None]] = server_state.tasks
+    def __init__(self, server: HttpServer) -> None:
+        self.server_of = server
+        self.app = server.app
+        self.listener: Listener = server.listener
+        self.loop = asyncio.get_running_loop()
+        self.connections: set[Any] = server.connections
+        self.tasks: set[asyncio.Task[None]] = server.tasks
         self.parser = httptools.HttpRequestParser(self)
         with contextlib.suppress(AttributeError):  # httptools < 0.6.3
             # answer the first of pipelined requests that arrive with a close
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
-        listener = self.listener
-        self.default_head, self.close_head = listener.heads(server_state.default_headers)
-        limits = listener.limits
+        self.default_head, self.close_head = server.default_head, server.close_head
+        limits = self.listener.limits
         self._max_head = limits.max_header_bytes
         self._header_timeout = limits.header_timeout_s
         self._body_timeout = limits.body_timeout_s
@@ -297,7 +287,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_response_complete(self, cycle: Cycle) -> None:
         """Called by ``cycle`` when its response is out."""
-        self.server_state.total_requests += 1
+        self.server_of.total_requests += 1
         running = self._running
         if running is not None and running[0] is cycle:
             self._running = None
@@ -310,7 +300,7 @@ class HttpProtocol(asyncio.Protocol):
             self._set_idle()
 
     def shutdown(self) -> None:
-        """Called by uvicorn when the server stops. Every request on this connection from now
+        """Called by the server when it stops. Every request on this connection from now
         on is answered with ``Connection: close``; an idle connection is closed only after
         ``DRAIN_IDLE_S`` of silence. Closing it at once loses the request a client sends on
         it at that moment (a reset: the client cannot tell whether it ran); a client in a
@@ -412,13 +402,3 @@ class HttpProtocol(asyncio.Protocol):
                 listener.limits.max_connections,
             )
             listener.refused = 0
-
-
-def protocol_class(limits: ConnectionLimits) -> type[HttpProtocol]:
-    """The protocol class for one listener (``uvicorn.Config(http=...)``); its connections
-    share ``limits`` and the count of open connections."""
-
-    class ListenerProtocol(HttpProtocol):
-        listener = Listener(limits)
-
-    return ListenerProtocol

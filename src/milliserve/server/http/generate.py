@@ -43,7 +43,8 @@ from milliserve.llm.protocol import (
     parse_openai,
     server_timing,
 )
-from milliserve.llm.tool_calls import call_parser, message_of, stream_delta
+from milliserve.llm.sequence import Event
+from milliserve.llm.tool_calls import Piece, answer_pieces, call_parser, message_of, stream_delta
 from milliserve.observability.tracing import note_generation
 from milliserve.protocol.json_codec import decode_json_object, encode_json
 from milliserve.runtime.dataplane import DataPlane
@@ -254,29 +255,44 @@ class GenerateRoutes:
         sent as ``tool_calls`` (streamed: name first, then argument fragments), never as
         content; ``finish_reason`` "tool_calls" when it made some."""
         model = params.model
-        if not params.stream:
-            text, last = await self._complete(servable, params, receive)
-            note_generation(model, last.timing, last.usage, last.finish)
-            parser = call_parser(params.tools)
-            message = message_of(parser.feed(text) + parser.close())
-            finish = _tool_finish(parser.calls, last.finish)
-            doc = chat_response(model, text, finish, last.usage, message)
-            await self._json(send, doc, [(b"server-timing", server_timing(last.timing).encode())])
-            return
         t0 = time.perf_counter_ns()
         stream = await servable.generate(params)
         parser = call_parser(params.tools)
+        if not params.stream:
+
+            async def whole() -> tuple[list[Piece], Event]:
+                out: list[Piece] = []
+                try:
+                    async for pieces, last in answer_pieces(stream, parser):
+                        out += pieces
+                        if last is not None:
+                            return out, last
+                finally:
+                    stream.cancel()
+                raise _Gone  # the events ended without a last one: cancelled
+
+            try:
+                pieces, last = await self._complete(servable, params, receive, whole())
+            except _Gone:
+                servable.record(t0, asyncio.CancelledError())
+                raise
+            except BaseException as exc:
+                servable.record(t0, exc)
+                raise
+            servable.record(t0, None)
+            note_generation(model, last.timing, last.usage, last.finish)
+            finish = _tool_finish(parser.calls, last.finish)
+            doc = chat_response(model, "", finish, last.usage, message_of(pieces))
+            await self._json(send, doc, [(b"server-timing", server_timing(last.timing).encode())])
+            return
         rid, created = new_id(True), int(time.time())
 
         async def gen() -> Any:
             yield _sse(chat_chunk(rid, model, created, {"role": "assistant", "content": None}))
-            async for ev in stream.events():
-                pieces = parser.feed(ev.text)
-                if ev.finish is not None:
-                    pieces += parser.close()
+            async for pieces, ev in answer_pieces(stream, parser):
                 for delta in stream_delta(pieces):
                     yield _sse(chat_chunk(rid, model, created, delta))
-                if ev.finish is None:
+                if ev is None:
                     continue
                 note_generation(model, ev.timing, ev.usage, ev.finish)
                 finish = _tool_finish(parser.calls, ev.finish)
@@ -321,9 +337,12 @@ class GenerateRoutes:
 
         await self._stream(servable, stream, receive, send, gen(), t0)
 
-    async def _complete(self, servable: EngineClient, params: Any, receive: Receive) -> Any:
-        """The whole answer, cancelled at once if the client disconnects while it waits."""
-        task = asyncio.ensure_future(servable.complete(params))
+    async def _complete(
+        self, servable: EngineClient, params: Any, receive: Receive, work: Awaitable[Any] | None = None
+    ) -> Any:
+        """The whole answer (``work``'s result, by default ``servable.complete``'s), cancelled
+        at once if the client disconnects while it waits."""
+        task = asyncio.ensure_future(work if work is not None else servable.complete(params))
         watcher = asyncio.create_task(_disconnected(receive))
         try:
             await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)

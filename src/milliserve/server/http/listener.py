@@ -110,5 +110,5 @@ class Lingering(asyncio.Protocol):
         self.connections.discard(self)
 
     def shutdown(self) -> None:
-        """Called by uvicorn when the server stops."""
+        """Called by the server when it stops."""
         self.transport.close()
