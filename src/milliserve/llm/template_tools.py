@@ -1,10 +1,11 @@
 """Tools in a chat template: whether a model's template has a call format of its own, and
 the messages it is given either way.
 
-A template with one (Hermes-style ``<tool_call>`` blocks: Qwen 2.5 and 3, Hermes,
-SmolLM3) gets the tools as its ``tools`` variable and the calls and results as OpenAI's
-messages carry them; its answers are parsed (``llm.tool_calls.TaggedCalls``). A
-template without one (SmolLM2's, ChatML) gets what llama.cpp's template polyfills give
+A template with one (Hermes-style ``<tool_call>{"name": ...}`` blocks: Qwen 2.5 and 3,
+QwQ, Hermes 2 Pro and 3, Granite 4) gets the tools as its ``tools`` variable and the
+calls and results as OpenAI's messages carry them; its answers are parsed
+(``llm.tool_calls.TaggedCalls``). A template without one (SmolLM2's, ChatML, or calls in
+another format: Qwen3-Coder's XML, GLM's) gets what llama.cpp's template polyfills give
 such a model: the tools described in the system message, an assistant's calls as the
 JSON its constrained answers are (``llm.tools.call_schema``), and each result as a user
 message ``{"tool_response": {"name": ..., "content": ...}}``, which keeps the turns
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +32,8 @@ _PROBE = "milliserve_probe_function"
 
 def native_calls(source: str | None, render: Callable[..., str]) -> bool:
     """The template (``source``, rendered by ``render(**context)``) shows tools and calls
-    in the ``<tool_call>`` format: its tools appear when given, and an assistant's call."""
+    in the ``<tool_call>`` format: its tools appear when given, and an assistant's call as
+    ``<tool_call>{"name": ...``."""
     if not source or "<tool_call>" not in source:
         return False
     call = ToolCall("call_probe", _PROBE + "_call", "{}")
@@ -48,7 +51,9 @@ def native_calls(source: str | None, render: Callable[..., str]) -> bool:
     except Exception as exc:  # a template that fails on tools has no usable format
         log.info("the chat template has <tool_call> but cannot render tools (%s)", exc)
         return False
-    return _PROBE in with_tools and call.name in with_call
+    # the call as JSON inside the tags (Qwen3-Coder's, Nemotron's and GLM's tags hold XML)
+    as_json = re.search(r'<tool_call>\s*\{\s*"name":\s*"' + call.name + '"', with_call)
+    return _PROBE in with_tools and as_json is not None
 
 
 def template_tools(tools: tuple[Tool, ...]) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ and OpenAI's tool calls.
 Two formats: the constrained JSON document of ``llm.tools`` (``JsonCalls``), read one
 character at a time so that a call's name goes out as soon as it is written and its
 arguments as fragments while they are; and the ``<tool_call>{...}</tool_call>`` blocks
-of Hermes-style templates (Qwen 2.5 and 3, Hermes, SmolLM3: ``TaggedCalls``), where text
+of Hermes-style templates (Qwen 2.5 and 3, Hermes: ``TaggedCalls``), where text
 that may begin a tag is held back until it is known not to, so that a call's text never
 goes out as content.
 

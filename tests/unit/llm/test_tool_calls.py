@@ -264,3 +264,14 @@ def test_answer_pieces_stops_a_repeating_answer_with_its_usage() -> None:
 
 async def _collect(events: _Events) -> list[tuple[list[Piece], Event | None]]:
     return [x async for x in answer_pieces(events, JsonCalls())]
+
+
+def test_a_template_whose_calls_are_not_json_gets_tools_as_text() -> None:
+    """Qwen3-Coder's ``<tool_call>`` holds XML, which TaggedCalls does not read."""
+    xml = (
+        "{% for t in tools or [] %}{{ t.function.name }}{% endfor %}{% for m in messages %}"
+        "{% if m.tool_calls %}<tool_call>\n<function={{ m.tool_calls[0].function.name }}>\n</tool_call>"
+        "{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    prompt, text = _render(xml, tools=[WEATHER])
+    assert not prompt.native_tools and "You can call these functions" in text
