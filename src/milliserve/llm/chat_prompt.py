@@ -147,8 +147,12 @@ class ChatPrompt:
         contents without."""
         model = self.model
         msgs = self.messages(params)
+        if self.native_tools and (params.tools is not None or params.tool_history):
+            self._refuse_tool_control_text(params, msgs)
         nonce = secrets.token_hex(8)
-        marks = [f"\x00{nonce}:{i}\x00" for i in range(len(msgs))]
+        # an empty content stays empty: a template may test it (Qwen's ``if message.content``
+        # on an assistant's message that only calls tools)
+        marks = [f"\x00{nonce}:{i}\x00" if m.content else "" for i, m in enumerate(msgs)]
         marked = self.render(params, marks, msgs)
         check_size(marked, sum(len(m.content) for m in msgs))
         special = model.add_bos and not (model.bos_text and marked.startswith(model.bos_text))
@@ -170,6 +174,28 @@ class ChatPrompt:
             else:
                 out += model.tokenize(piece, add_special=special and not out, parse_special=True)
         return out
+
+    def _refuse_tool_control_text(self, params: GenerationParams, msgs: list[ChatMessage]) -> None:
+        """A template with a call format renders the tools and the calls as its own text
+        (no marker keeps them apart): refuse those that hold control-token text."""
+        texts = [
+            (f"messages[{i}].tool_calls", c.name + c.arguments)
+            for i, m in enumerate(msgs)
+            for c in m.tool_calls
+        ]
+        if params.tools is not None:
+            texts += [
+                (f"tools[{i}]", json.dumps(t.parameters) + t.name + t.description)
+                for i, t in enumerate(params.tools.tools)
+            ]
+        tokenize = self.model.tokenize
+        for where, text in texts:
+            if tokenize(text, False, True) != tokenize(text, False, False):
+                raise RequestError(
+                    f"{where} holds the text of a control token, which this model's chat template "
+                    "cannot keep apart from its own",
+                    "tools" if where.startswith("tools") else "messages",
+                )
 
     def _refuse_control_text(self, msgs: list[Any]) -> None:
         for i, m in enumerate(msgs):

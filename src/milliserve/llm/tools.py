@@ -120,6 +120,8 @@ def parse_tools(doc: dict[str, Any]) -> ToolPlan | None:
     """The plan of a chat request's ``tools``, ``tool_choice`` and ``parallel_tool_calls``;
     None when it calls no tool (no tools, or ``tool_choice: none``). A malformed tool or a
     choice naming no tool is a RequestError saying which."""
+    if "tools" not in doc and "tool_choice" not in doc and "parallel_tool_calls" not in doc:
+        return None  # the plain chat's road: nothing more to look at
     raw = doc.get("tools")
     choice = doc.get("tool_choice")
     parallel = doc.get("parallel_tool_calls")
