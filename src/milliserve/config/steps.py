@@ -23,6 +23,7 @@ __all__ = [
     "PythonStep",
     "RuleThreshold",
     "Rules",
+    "Score",
     "TokenizerConfig",
 ]
 
@@ -82,11 +83,29 @@ class TokenizerConfig(Strict):
     # false: an empty (or whitespace-only) text is refused with 400 instead of tokenized to
     # the special tokens alone (a search for nothing)
     allow_empty: bool = True
+    # a second BYTES input: each row is the pair (text_input, pair_input), as a cross-encoder
+    # reads a query and a document; over max_length the pair's second text is cut first
+    pair_input: str | None = None
+    # model input for the token type ids (0 on the first text, 1 on the second; None: none)
+    type_ids: str | None = None
 
     @field_validator("overflow", mode="before")
     @classmethod
     def _default_overflow(cls, v: object) -> object:
         return v or "truncate"  # protobuf's empty string means "not set"
+
+    @field_validator("pair_input", "type_ids", mode="before")
+    @classmethod
+    def _unset_name(cls, v: object) -> object:
+        return v or None  # protobuf's empty string means "not set"
+
+    @model_validator(mode="after")
+    def _distinct(self) -> TokenizerConfig:
+        made = [n for n in (self.ids, self.mask, self.type_ids) if n]
+        read = [n for n in (self.text_input, self.pair_input) if n]
+        if len(set(made + read)) != len(made + read):
+            raise ValueError(f"tokenizer reads {read} and makes {made}: every name must differ")
+        return self
 
     @property
     def text_limit(self) -> int:
@@ -191,7 +210,8 @@ class Pooling(Strict):
     [batch, dim]) and ``tokens`` (INT64 [batch, 1], the tokens each text had, the usage count;
     None: not made). A request may ask for a smaller vector with the parameter ``dimensions``
     when it is one of ``dimensions`` (a Matryoshka model's sizes): the vector is cut to it,
-    then normalised again (pipeline/pooling.py)."""
+    then normalised again (pipeline/pooling.py). ``int8_scale`` is the scale of the int8
+    and uint8 embeddings ``/v1/embeddings`` may return (runtime/embedding_types.py)."""
 
     input: str = "token_embeddings"
     mask: str = "attention_mask"
@@ -200,6 +220,10 @@ class Pooling(Strict):
     output: str = "embedding"
     tokens: str | None = "tokens"
     dimensions: tuple[int, ...] = ()
+    # /v1/embeddings' int8 and uint8 types: the largest magnitude of a component (calibrated
+    # on the model's embeddings of real texts), mapped to 127; None: 1.0 when normalize is
+    # on (unit vectors' components stay within -1..1), else those types are refused
+    int8_scale: float | None = Field(None, gt=0)
 
     @field_validator("input", "mask", "mode", "output", "tokens", mode="before")
     @classmethod
@@ -208,6 +232,11 @@ class Pooling(Strict):
             assert info.field_name is not None
             return cls.model_fields[info.field_name].default
         return v
+
+    @field_validator("int8_scale", mode="before")
+    @classmethod
+    def _unset_scale(cls, v: object) -> object:
+        return None if v == 0 else v  # protobuf's default means "not set"
 
     @field_validator("dimensions")
     @classmethod
@@ -222,6 +251,39 @@ class Pooling(Strict):
         if len(set(made)) != len(made) or self.input in made or self.mask in made:
             raise ValueError(
                 f"pooling reads {self.input!r} and {self.mask!r} and makes {made}: every name must differ"
+            )
+        return self
+
+
+class Score(Strict):
+    """A ``score`` step: a model's scores made what clients get, in numpy on the whole batch:
+    ``activation`` sigmoid (a cross-encoder's relevance logit to 0..1), softmax (a
+    classifier's logits to probabilities, over the last axis) or none. ``input`` is FP32
+    [batch, n] or [batch]; ``output`` (FP32 [batch, n]) holds the result. A request with the
+    parameter ``raw_scores`` true gets ``input`` as it is. ``tokens`` (INT64 [batch, 1]: the
+    attended tokens of ``mask`` per row, the usage count; None: not made) as pooling makes
+    them (pipeline/score.py)."""
+
+    input: str = "logits"
+    activation: Literal["sigmoid", "softmax", "none"] = "sigmoid"
+    output: str = "score"
+    mask: str = "attention_mask"
+    tokens: str | None = "tokens"
+
+    @field_validator("input", "activation", "output", "mask", "tokens", mode="before")
+    @classmethod
+    def _unset(cls, v: object, info: ValidationInfo) -> object:
+        if v == "":  # protobuf's empty string means "not set"
+            assert info.field_name is not None
+            return cls.model_fields[info.field_name].default
+        return v
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Score:
+        made = [n for n in (self.output, self.tokens) if n]
+        if len(set(made)) != len(made) or self.input in made or self.mask in made:
+            raise ValueError(
+                f"score reads {self.input!r} and {self.mask!r} and makes {made}: every name must differ"
             )
         return self
 
@@ -299,6 +361,7 @@ class PipelineStep(Strict):
     python: PythonStep | None = None
     ann: Ann | None = None
     pooling: Pooling | None = None
+    score: Score | None = None
     cascade: Cascade | None = None
     hedge: Hedge | None = None  # on a model step: hedged requests over replicas
 
@@ -340,7 +403,17 @@ class PipelineStep(Strict):
         return "model" if self.model_name else next(k for k in STEP_KINDS[1:] if getattr(self, k))
 
 
-STEP_KINDS = ("model_name", "tokenizer", "features", "rules", "python", "cascade", "ann", "pooling")
+STEP_KINDS = (
+    "model_name",
+    "tokenizer",
+    "features",
+    "rules",
+    "python",
+    "cascade",
+    "ann",
+    "pooling",
+    "score",
+)
 
 
 class Ensembling(Strict):

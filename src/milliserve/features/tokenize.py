@@ -6,6 +6,12 @@ Serves both a model's own ``tokenizer`` config and a pipeline's tokenizer step. 
 that declares the ids (and mask) as optional inputs also takes token ids in place of text:
 they are checked and cut to ``max_length`` the same way.
 
+With ``pair_input`` each row is a pair of texts, (``text_input``, ``pair_input``), encoded
+as the model's tokenizer.json joins two sequences (BERT: ``[CLS] a [SEP] b [SEP]``, token
+types 0 then 1): a cross-encoder's query and document. Over ``max_length`` the pair's second
+text (the document) is cut first; only a first text that fills the budget on its own is cut
+too (tokenizers' ``longest_first``), so that a pair always keeps some of each.
+
 No text can hurt other clients: each text's size is checked against ``max_text_bytes``
 before anything is tokenized (over it: truncated to that many bytes, or refused with
 ``overflow: refuse``; an empty text is refused with ``allow_empty: false``), and a batch
@@ -47,25 +53,34 @@ class TokenizerStep:
         except Exception as exc:
             raise ConfigError(f"tokenizer {path}: cannot load it ({exc})") from None
         self.refuse = config.overflow == "refuse"
+        self.pair_input, self.type_ids = config.pair_input, config.type_ids
         if self.refuse:  # a tokenizer.json may truncate on its own (MiniLM's: at 128 tokens)
             self.tokenizer.no_truncation()
         else:
-            self.tokenizer.enable_truncation(config.max_length)
+            strategy = "only_second" if self.pair_input else "longest_first"
+            self.tokenizer.enable_truncation(config.max_length, strategy=strategy)
+        # pairs whose first text leaves no room for the second: cut both, longest first (a
+        # second tokenizer, as truncation is the tokenizer's state and a batch may be
+        # encoded off the event loop while another is encoded on it)
+        self._longest_first: Any = None
+        if self.pair_input and not self.refuse:
+            self._longest_first = Tokenizer.from_file(str(path))
+            self._longest_first.enable_truncation(config.max_length, strategy="longest_first")
+            self._longest_first.enable_padding(pad_id=0)
         self.tokenizer.enable_padding(pad_id=0)  # to the longest text of the batch
         self.name, self.stage, self.config = name, "preprocess", config
         self.text_input, self.ids, self.mask = config.text_input, config.ids, config.mask
         self.max_length, self.text_limit = config.max_length, config.text_limit
         self.allow_empty = config.allow_empty
-        self.needs: tuple[str, ...] = (self.text_input,)
-        self.makes: tuple[str, ...] = (self.ids,) + ((self.mask,) if self.mask else ())
+        self.needs: tuple[str, ...] = (self.text_input,) + ((self.pair_input,) if self.pair_input else ())
+        self.makes: tuple[str, ...] = tuple(n for n in (self.ids, self.mask, self.type_ids) if n)
         self._offload = offload
 
-    def _texts(self, found: InferTensor) -> tuple[list[str], int]:
+    def _texts(self, found: InferTensor, name: str = "") -> tuple[list[str], int]:
         """The request's texts, each checked against the size limit, and their total bytes."""
+        name = name or self.text_input
         if found.datatype != "BYTES":
-            raise InvalidInputError(
-                f"input {self.text_input!r} must be BYTES (UTF-8 text), got {found.datatype}"
-            )
+            raise InvalidInputError(f"input {name!r} must be BYTES (UTF-8 text), got {found.datatype}")
         texts: list[str] = []
         total = 0
         limit = self.text_limit
@@ -75,7 +90,7 @@ class TokenizerStep:
             if cut:
                 if self.refuse:
                     raise InvalidInputError(
-                        f"input {self.text_input!r} element {i} has {len(raw)} bytes of text; this "
+                        f"input {name!r} element {i} has {len(raw)} bytes of text; this "
                         f"model takes at most {limit} (tokenizer max_text_bytes)"
                     )
                 raw = raw[:limit]
@@ -83,33 +98,59 @@ class TokenizerStep:
                 text = raw.decode()
             except UnicodeDecodeError as exc:
                 if not (cut and exc.start >= limit - 3):  # not merely a character cut in two
-                    raise InvalidInputError(
-                        f"input {self.text_input!r} element {i} is not UTF-8 text: {exc}"
-                    ) from None
+                    raise InvalidInputError(f"input {name!r} element {i} is not UTF-8 text: {exc}") from None
                 text = raw[: exc.start].decode()
             if not self.allow_empty and not text.strip():
                 raise InvalidInputError(
-                    f"input {self.text_input!r} element {i} is empty; this model needs some text "
+                    f"input {name!r} element {i} is empty; this model needs some text "
                     "(tokenizer allow_empty: false)"
                 )
             texts.append(text)
             total += len(raw)
         return texts, total
 
-    def _encode(self, texts: list[str], pool: bool = False) -> list[InferTensor]:
+    def _encode_pairs(self, texts: list[str], pairs: list[str], pool: bool) -> list[Any]:
+        """Each (text, pair) encoded, the pair cut first; a text that leaves its pair no room
+        is cut too (``longest_first``), as tokenizers cannot cut the second text below zero."""
+        rows = list(zip(texts, pairs, strict=True))
+        tok = self.tokenizer
+        if pool:
+            try:
+                return list(tok.encode_batch(rows))
+            except Exception:  # "Truncation error: Second sequence not long enough": one row
+                return [self._encode_pair(a, b) for a, b in rows]
+        return [self._encode_pair(a, b) for a, b in rows]
+
+    def _encode_pair(self, text: str, pair: str) -> Any:
+        try:
+            return self.tokenizer.encode(text, pair)
+        except Exception:  # tokenizers: "Second sequence not long enough to be truncated"
+            if self._longest_first is None:
+                raise
+            return self._longest_first.encode(text, pair)
+
+    def _encode(
+        self, texts: list[str], pool: bool = False, pairs: list[str] | None = None
+    ) -> list[InferTensor]:
         """``pool``: tokenizers' rayon pool encodes the texts (a large batch, already off the
         event loop); else each text is encoded in this thread and padded here. The pool wakes
         threads that wait behind the model's ORT threads for a core and spin before they
         sleep: 250 µs a tweet under load against 30 µs here, and 350 against 105 µs of CPU
         for a batch of 4 tweets (the sentiment pipeline, measured)."""
-        enc = self.tokenizer.encode_batch(texts) if pool else [self.tokenizer.encode(t) for t in texts]
+        if pairs is not None:
+            enc = self._encode_pairs(texts, pairs, pool)
+        else:
+            enc = self.tokenizer.encode_batch(texts) if pool else [self.tokenizer.encode(t) for t in texts]
         if self.refuse:
             for i, e in enumerate(enc):
                 tokens = sum(e.attention_mask)  # the padding to the longest text aside
                 if tokens > self.max_length:
+                    what = f"input {self.text_input!r} element {i}"
+                    if pairs is not None:
+                        what = f"the pair {i} ({self.text_input!r}, {self.pair_input!r})"
                     raise InvalidInputError(
-                        f"input {self.text_input!r} element {i} is {tokens} tokens long; this "
-                        f"model takes at most {self.max_length} (tokenizer max_length)"
+                        f"{what} is {tokens} tokens long; this model takes at most "
+                        f"{self.max_length} (tokenizer max_length)"
                     )
         if not self.allow_empty:  # text of zero-width characters alone leaves no token
             for i, e in enumerate(enc):
@@ -120,9 +161,13 @@ class TokenizerStep:
                         f"input {self.text_input!r} element {i} has no text the tokenizer keeps; "
                         "this model needs some text (tokenizer allow_empty: false)"
                     )
-        if pool or len(enc) < 2:
+        types: np.ndarray[Any, Any] | None = None
+        # pairs may come back unpadded (a row encoded again after a batch failed): padded here
+        if (pool and pairs is None) or len(enc) < 2:
             ids = np.array([e.ids for e in enc], dtype=np.int64)
             mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+            if self.type_ids:
+                types = np.array([e.type_ids for e in enc], dtype=np.int64)
         else:  # padded to the longest text (pad id 0, mask 0), as encode_batch pads
             longest = max(len(e.ids) for e in enc)
             ids = np.zeros((len(enc), longest), dtype=np.int64)
@@ -130,9 +175,15 @@ class TokenizerStep:
             for row, e in enumerate(enc):
                 ids[row, : len(e.ids)] = e.ids
                 mask[row, : len(e.ids)] = e.attention_mask
+            if self.type_ids:
+                types = np.zeros((len(enc), longest), dtype=np.int64)
+                for row, e in enumerate(enc):
+                    types[row, : len(e.ids)] = e.type_ids
         out = [InferTensor(self.ids, "INT64", ids.shape, ids)]
         if self.mask is not None:
             out.append(InferTensor(self.mask, "INT64", mask.shape, mask))
+        if self.type_ids and types is not None:
+            out.append(InferTensor(self.type_ids, "INT64", types.shape, types))
         return out
 
     def _given_ids(self, tensors: Tensors) -> None:
@@ -173,17 +224,32 @@ class TokenizerStep:
     async def run(self, tensors: Tensors, call: Call) -> None:
         found = tensors.get(self.text_input)
         if found is None:
-            if self.ids in tensors:
+            if self.ids in tensors and not self.pair_input:
                 self._given_ids(tensors)
                 return
             raise InvalidInputError(
                 f"this model takes raw text: the request needs the BYTES input {self.text_input!r}"
             )
         texts, total = self._texts(found)
+        pairs: list[str] | None = None
+        if self.pair_input:
+            second = tensors.get(self.pair_input)
+            if second is None:
+                raise InvalidInputError(
+                    f"this model scores pairs of texts: the request needs the BYTES input "
+                    f"{self.pair_input!r} beside {self.text_input!r}"
+                )
+            pairs, more = self._texts(second, self.pair_input)
+            if len(pairs) != len(texts):
+                raise InvalidInputError(
+                    f"inputs {self.text_input!r} and {self.pair_input!r} hold {len(texts)} and "
+                    f"{len(pairs)} texts; a pair needs one of each"
+                )
+            total += more
         made: Any
         if total > OFFLOAD_BYTES and self._offload is not None:
-            made = await self._offload(self._encode, texts, True)
+            made = await self._offload(self._encode, texts, True, pairs)
         else:
-            made = self._encode(texts)
+            made = self._encode(texts, False, pairs)
         for t in made:
             tensors[t.name] = t

@@ -30,6 +30,7 @@ from milliserve.pipeline.batching import BatchedSteps, batching_wanted
 from milliserve.pipeline.cascade import CascadeStep
 from milliserve.pipeline.hedge import HedgedCall
 from milliserve.pipeline.pooling import PoolingStep
+from milliserve.pipeline.score import ScoreStep
 from milliserve.pipeline.steps import ModelCall, PythonCall, RulesStep
 from milliserve.road import Around, Call, Handler, Offload, Outputs, Stage, Step, Tensors, build_road
 from milliserve.runtime.servable import RoadServable
@@ -102,6 +103,8 @@ def build_steps(
                 step = RulesStep(label, s.rules)
             elif s.pooling is not None:
                 step = PoolingStep(label, s.pooling)
+            elif s.score is not None:
+                step = ScoreStep(label, s.score)
             else:
                 assert s.python is not None
                 step = PythonCall(label, s.python, "postprocess" if after_model else "preprocess")
@@ -128,12 +131,19 @@ def build_steps(
 def _length_buckets(steps: list[Step], outputs: set[str]) -> None:
     """Let a model step run a padded batch as length buckets (pipeline/buckets.py) where its
     inputs take any length, and its only output goes to a pooling step that reads the mask
-    the model was given, and nowhere else: there the padding cannot change an answer."""
+    the model was given, and nowhere else, or that a score step reads and has no token axis
+    (a cross-encoder's or a classifier's logits) from a model that reads the tokenizer's
+    mask: there the padding cannot change an answer."""
+    masks = {s.mask for s in steps if isinstance(s, TokenizerStep) and s.mask}
     for i, step in enumerate(steps):
         if type(step) is not ModelCall or len(step.makes) != 1:
             continue
         hidden = step.makes[0]
         readers = [s for s in steps[i + 1 :] if hidden in s.needs]
+        rows = next((m for m in masks if step.masks_padding(m)), None)
+        if rows is not None and any(isinstance(r, ScoreStep) for r in readers) and step.takes_any_length():
+            step.buckets, step.rows_out = (rows, next(iter(step.outputs))), True
+            continue
         pool = readers[0] if len(readers) == 1 else None
         if (
             isinstance(pool, PoolingStep)

@@ -200,6 +200,9 @@ class ModelCall(_Named):
         # (the mask tensor, the model output a pooling step reads): run a padded batch as
         # length buckets (pipeline/buckets.py); set by the pipeline where that is safe
         self.buckets: tuple[str, str] | None = None
+        # the bucketed output has no token axis (a classifier's or cross-encoder's scores):
+        # its runs' rows are put back in order, with nothing to pad
+        self.rows_out = False
 
     def instances(self) -> int:
         """How many instances the step's model has now (1 for a servable without any)."""
@@ -304,14 +307,26 @@ class ModelCall(_Named):
             requests.append(request)
         responses = await gather_parts([self._traced(r, call) for r in requests])
         parts = []
+        per_token = not self.rows_out
         for (rows, width), response in zip(runs, responses, strict=True):
             data = next((np.asarray(t.data) for t in response.outputs if t.name == output), None)
-            if data is None or data.ndim < 3 or data.shape[:2] != (len(rows), width):
+            if per_token and (data is None or data.ndim < 3 or data.shape[:2] != (len(rows), width)):
                 got = "nothing" if data is None else list(data.shape)
                 raise BackendError(
                     f"{self.name}: model {self.model!r} returned {got} as {output!r} for {len(rows)} "
                     f"texts of {width} tokens; pooling needs [batch, seq, dim]"
                 )
+            if data is None or data.shape[:1] != (len(rows),):
+                got = "nothing" if data is None else list(data.shape)
+                raise BackendError(
+                    f"{self.name}: model {self.model!r} returned {got} as {output!r} for {len(rows)} rows"
+                )
             parts.append((rows, data))
             self.absorb(response, call)
-        self.write([tensor(output, buckets.scatter(parts, batch, seq))], tensors)
+        if per_token:
+            self.write([tensor(output, buckets.scatter(parts, batch, seq))], tensors)
+            return
+        whole = np.empty((batch, *parts[0][1].shape[1:]), dtype=parts[0][1].dtype)
+        for rows, data in parts:
+            whole[rows] = data
+        self.write([tensor(output, whole)], tensors)

@@ -818,7 +818,7 @@ class ModelConfig(_message.Message):
 class ModelEnsembling(_message.Message):
     __slots__ = ("step",)
     class Step(_message.Message):
-        __slots__ = ("model_name", "model_version", "input_map", "output_map", "model_namespace", "tokenizer", "features", "rules", "python", "ann", "pooling", "hedge", "cascade")
+        __slots__ = ("model_name", "model_version", "input_map", "output_map", "model_namespace", "tokenizer", "features", "rules", "python", "ann", "pooling", "score", "hedge", "cascade")
         class InputMapEntry(_message.Message):
             __slots__ = ("key", "value")
             KEY_FIELD_NUMBER: _ClassVar[int]
@@ -844,6 +844,7 @@ class ModelEnsembling(_message.Message):
         PYTHON_FIELD_NUMBER: _ClassVar[int]
         ANN_FIELD_NUMBER: _ClassVar[int]
         POOLING_FIELD_NUMBER: _ClassVar[int]
+        SCORE_FIELD_NUMBER: _ClassVar[int]
         HEDGE_FIELD_NUMBER: _ClassVar[int]
         CASCADE_FIELD_NUMBER: _ClassVar[int]
         model_name: str
@@ -857,9 +858,10 @@ class ModelEnsembling(_message.Message):
         python: ModelPythonStep
         ann: ModelAnn
         pooling: ModelPooling
+        score: ModelScore
         hedge: ModelHedge
         cascade: ModelCascade
-        def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[int] = ..., input_map: _Optional[_Mapping[str, str]] = ..., output_map: _Optional[_Mapping[str, str]] = ..., model_namespace: _Optional[str] = ..., tokenizer: _Optional[_Union[ModelTokenizer, _Mapping]] = ..., features: _Optional[_Union[ModelFeatures, _Mapping]] = ..., rules: _Optional[_Union[ModelRules, _Mapping]] = ..., python: _Optional[_Union[ModelPythonStep, _Mapping]] = ..., ann: _Optional[_Union[ModelAnn, _Mapping]] = ..., pooling: _Optional[_Union[ModelPooling, _Mapping]] = ..., hedge: _Optional[_Union[ModelHedge, _Mapping]] = ..., cascade: _Optional[_Union[ModelCascade, _Mapping]] = ...) -> None: ...
+        def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[int] = ..., input_map: _Optional[_Mapping[str, str]] = ..., output_map: _Optional[_Mapping[str, str]] = ..., model_namespace: _Optional[str] = ..., tokenizer: _Optional[_Union[ModelTokenizer, _Mapping]] = ..., features: _Optional[_Union[ModelFeatures, _Mapping]] = ..., rules: _Optional[_Union[ModelRules, _Mapping]] = ..., python: _Optional[_Union[ModelPythonStep, _Mapping]] = ..., ann: _Optional[_Union[ModelAnn, _Mapping]] = ..., pooling: _Optional[_Union[ModelPooling, _Mapping]] = ..., score: _Optional[_Union[ModelScore, _Mapping]] = ..., hedge: _Optional[_Union[ModelHedge, _Mapping]] = ..., cascade: _Optional[_Union[ModelCascade, _Mapping]] = ...) -> None: ...
     STEP_FIELD_NUMBER: _ClassVar[int]
     step: _containers.RepeatedCompositeFieldContainer[ModelEnsembling.Step]
     def __init__(self, step: _Optional[_Iterable[_Union[ModelEnsembling.Step, _Mapping]]] = ...) -> None: ...
@@ -928,7 +930,7 @@ class ModelFeatures(_message.Message):
     def __init__(self, input: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., source: _Optional[_Union[ModelFeatureSource, _Mapping]] = ..., defaults: _Optional[_Mapping[str, float]] = ..., entity_parameter: _Optional[str] = ..., entity_input: _Optional[str] = ..., on_unavailable: _Optional[str] = ...) -> None: ...
 
 class ModelTokenizer(_message.Message):
-    __slots__ = ("file", "text_input", "ids", "mask", "max_length", "overflow", "max_text_bytes", "allow_empty")
+    __slots__ = ("file", "text_input", "ids", "mask", "max_length", "overflow", "max_text_bytes", "allow_empty", "pair_input", "type_ids")
     FILE_FIELD_NUMBER: _ClassVar[int]
     TEXT_INPUT_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
@@ -937,6 +939,8 @@ class ModelTokenizer(_message.Message):
     OVERFLOW_FIELD_NUMBER: _ClassVar[int]
     MAX_TEXT_BYTES_FIELD_NUMBER: _ClassVar[int]
     ALLOW_EMPTY_FIELD_NUMBER: _ClassVar[int]
+    PAIR_INPUT_FIELD_NUMBER: _ClassVar[int]
+    TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
     file: str
     text_input: str
     ids: str
@@ -945,7 +949,9 @@ class ModelTokenizer(_message.Message):
     overflow: str
     max_text_bytes: int
     allow_empty: bool
-    def __init__(self, file: _Optional[str] = ..., text_input: _Optional[str] = ..., ids: _Optional[str] = ..., mask: _Optional[str] = ..., max_length: _Optional[int] = ..., overflow: _Optional[str] = ..., max_text_bytes: _Optional[int] = ..., allow_empty: _Optional[bool] = ...) -> None: ...
+    pair_input: str
+    type_ids: str
+    def __init__(self, file: _Optional[str] = ..., text_input: _Optional[str] = ..., ids: _Optional[str] = ..., mask: _Optional[str] = ..., max_length: _Optional[int] = ..., overflow: _Optional[str] = ..., max_text_bytes: _Optional[int] = ..., allow_empty: _Optional[bool] = ..., pair_input: _Optional[str] = ..., type_ids: _Optional[str] = ...) -> None: ...
 
 class ModelRules(_message.Message):
     __slots__ = ("input", "output", "column", "thresholds", "default", "labels", "score_output")
@@ -1010,7 +1016,7 @@ class ModelAnn(_message.Message):
     def __init__(self, index: _Optional[str] = ..., input: _Optional[str] = ..., k: _Optional[int] = ..., max_k: _Optional[int] = ..., ids: _Optional[str] = ..., scores: _Optional[str] = ..., texts: _Optional[str] = ...) -> None: ...
 
 class ModelPooling(_message.Message):
-    __slots__ = ("input", "mask", "mode", "normalize", "output", "tokens", "dimensions")
+    __slots__ = ("input", "mask", "mode", "normalize", "output", "tokens", "dimensions", "int8_scale")
     INPUT_FIELD_NUMBER: _ClassVar[int]
     MASK_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -1018,6 +1024,7 @@ class ModelPooling(_message.Message):
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    INT8_SCALE_FIELD_NUMBER: _ClassVar[int]
     input: str
     mask: str
     mode: str
@@ -1025,7 +1032,22 @@ class ModelPooling(_message.Message):
     output: str
     tokens: str
     dimensions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, input: _Optional[str] = ..., mask: _Optional[str] = ..., mode: _Optional[str] = ..., normalize: _Optional[bool] = ..., output: _Optional[str] = ..., tokens: _Optional[str] = ..., dimensions: _Optional[_Iterable[int]] = ...) -> None: ...
+    int8_scale: float
+    def __init__(self, input: _Optional[str] = ..., mask: _Optional[str] = ..., mode: _Optional[str] = ..., normalize: _Optional[bool] = ..., output: _Optional[str] = ..., tokens: _Optional[str] = ..., dimensions: _Optional[_Iterable[int]] = ..., int8_scale: _Optional[float] = ...) -> None: ...
+
+class ModelScore(_message.Message):
+    __slots__ = ("input", "activation", "output", "mask", "tokens")
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATION_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    MASK_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    input: str
+    activation: str
+    output: str
+    mask: str
+    tokens: str
+    def __init__(self, input: _Optional[str] = ..., activation: _Optional[str] = ..., output: _Optional[str] = ..., mask: _Optional[str] = ..., tokens: _Optional[str] = ...) -> None: ...
 
 class ModelBudget(_message.Message):
     __slots__ = ("p99_ms", "stages", "ttft_ms", "itl_ms")
