@@ -384,11 +384,16 @@ def call_parser(plan: ToolPlan | None) -> CallParser:
 
 
 async def answer_pieces(
-    stream: GenerationEvents, parser: CallParser
+    stream: GenerationEvents, parser: CallParser | None
 ) -> AsyncIterator[tuple[list[Piece], Event | None]]:
-    """The pieces of each of an answer's events, with its last event (None before it).
-    An answer that repeats a call is stopped there: its sequence is cancelled and its last
-    event made here, finished "stop", with the tokens it took."""
+    """The pieces of each of an answer's events (its text alone without a ``parser``),
+    with its last event (None before it). An answer that repeats a call is stopped there:
+    its sequence is cancelled and its last event made here, finished "stop", with the
+    tokens it took."""
+    if parser is None:
+        async for ev in stream.events():
+            yield ([ev.text] if ev.text else []), (ev if ev.finish is not None else None)
+        return
     tokens = 0
     async for ev in stream.events():
         tokens += ev.tokens

@@ -43,8 +43,10 @@ from milliserve.llm.protocol import (
     parse_openai,
     server_timing,
 )
+from milliserve.llm.response_events import ResponseEvents, response_echo
+from milliserve.llm.responses import parse_responses
 from milliserve.llm.sequence import Event
-from milliserve.llm.tool_calls import Piece, answer_pieces, call_parser, message_of, stream_delta
+from milliserve.llm.tool_calls import CallParser, Piece, answer_pieces, call_parser, message_of, stream_delta
 from milliserve.observability.tracing import note_generation
 from milliserve.protocol.json_codec import decode_json_object, encode_json
 from milliserve.runtime.dataplane import DataPlane
@@ -91,6 +93,12 @@ def _tool_finish(calls: int, finish: str | None) -> str:
     if calls and finish in (None, "stop"):
         return "tool_calls"
     return finish or "stop"
+
+
+def _typed(event: dict[str, Any]) -> bytes:
+    """A Responses API event: SSE with its type as the event name."""
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + encode_json(event) + b"\n\n"
 
 
 class _Gone(Exception):
@@ -197,6 +205,9 @@ class GenerateRoutes:
                 {"id": name, "object": "model", "created": int(time.time()), "owned_by": "milliserve"},
             )
             return
+        if method == "POST" and rest == ["responses"]:
+            await self._responses(scope, receive, send)
+            return
         if method != "POST" or rest not in (["chat", "completions"], ["completions"]):
             raise NotFoundError(f"no route for {method} {scope['path']}")
         chat = rest[0] == "chat"
@@ -259,28 +270,7 @@ class GenerateRoutes:
         stream = await servable.generate(params)
         parser = call_parser(params.tools)
         if not params.stream:
-
-            async def whole() -> tuple[list[Piece], Event]:
-                out: list[Piece] = []
-                try:
-                    async for pieces, last in answer_pieces(stream, parser):
-                        out += pieces
-                        if last is not None:
-                            return out, last
-                finally:
-                    stream.cancel()
-                raise _Gone  # the events ended without a last one: cancelled
-
-            try:
-                pieces, last = await self._complete(servable, params, receive, whole())
-            except _Gone:
-                servable.record(t0, asyncio.CancelledError())
-                raise
-            except BaseException as exc:
-                servable.record(t0, exc)
-                raise
-            servable.record(t0, None)
-            note_generation(model, last.timing, last.usage, last.finish)
+            pieces, last = await self._whole(servable, params, receive, stream, parser, t0)
             finish = _tool_finish(parser.calls, last.finish)
             doc = chat_response(model, "", finish, last.usage, message_of(pieces))
             await self._json(send, doc, [(b"server-timing", server_timing(last.timing).encode())])
@@ -301,6 +291,71 @@ class GenerateRoutes:
                 if params.include_usage:
                     yield _sse(chat_chunk(rid, model, created, None, usage=ev.usage, timing=ev.timing))
             yield _DONE
+
+        await self._stream(servable, stream, receive, send, gen(), t0)
+
+    async def _whole(
+        self,
+        servable: EngineClient,
+        params: GenerationParams,
+        receive: Receive,
+        stream: GenerationEvents,
+        parser: CallParser | None,
+        t0: int,
+    ) -> tuple[list[Piece], Event]:
+        """A non-streamed answer's pieces and last event, counted and noted."""
+
+        async def whole() -> tuple[list[Piece], Event]:
+            out: list[Piece] = []
+            try:
+                async for pieces, last in answer_pieces(stream, parser):
+                    out += pieces
+                    if last is not None:
+                        return out, last
+            finally:
+                stream.cancel()
+            raise _Gone  # the events ended without a last one: cancelled
+
+        try:
+            pieces, last = await self._complete(servable, params, receive, whole())
+        except _Gone:
+            servable.record(t0, asyncio.CancelledError())
+            raise
+        except BaseException as exc:
+            servable.record(t0, exc)
+            raise
+        servable.record(t0, None)
+        note_generation(params.model, last.timing, last.usage, last.finish)
+        return pieces, last
+
+    async def _responses(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """OpenAI's Responses API, stateless (llm/responses.py): the chat it amounts to,
+        answered as a ``response`` object or its typed events."""
+        doc = await self._body(scope, receive)
+        params = parse_responses(doc)
+        params.client = _client_of(scope)
+        servable: EngineClient = self.dp.servable_as(EngineClient, params.model, what=_GENERATIVE)
+        t0 = time.perf_counter_ns()
+        stream = await servable.generate(params)
+        parser = call_parser(params.tools) if params.tools is not None else None
+        answer = ResponseEvents(params.model, response_echo(doc))
+        if not params.stream:
+            pieces, last = await self._whole(servable, params, receive, stream, parser, t0)
+            answer.feed(pieces)
+            final = answer.finish(last.finish, last.usage)[-1]["response"]
+            await self._json(send, final, [(b"server-timing", server_timing(last.timing).encode())])
+            return
+
+        async def gen() -> Any:
+            for event in answer.start():
+                yield _typed(event)
+            async for pieces, ev in answer_pieces(stream, parser):
+                for event in answer.feed(pieces):
+                    yield _typed(event)
+                if ev is not None:
+                    note_generation(params.model, ev.timing, ev.usage, ev.finish)
+                    for event in answer.finish(ev.finish, ev.usage):
+                        yield _typed(event)
 
         await self._stream(servable, stream, receive, send, gen(), t0)
 
