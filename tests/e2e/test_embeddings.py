@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import yaml
 
 from milliserve.examples.minilm import minilm_dir
 from milliserve.examples.minilm_embed import PIPELINE_YAML, build_minilm_embed
@@ -37,7 +38,8 @@ def _variant(repo: Path, name: str, pooling: str, **tokenizer: Any) -> None:
     (repo / name / "tokenizer.json").write_bytes((repo / "minilm_embed" / "tokenizer.json").read_bytes())
     text = PIPELINE_YAML.replace("name: minilm_embed", f"name: {name}")
     text = text.replace(
-        "    - pooling: {input: token_embeddings, mask: attention_mask, mode: mean, normalize: true}",
+        "    - pooling: {input: token_embeddings, mask: attention_mask, mode: mean, normalize: true,\n"
+        "                int8_scale: 0.25}",
         f"    - pooling: {pooling}",
     )
     for key, value in tokenizer.items():
@@ -235,3 +237,44 @@ def test_listed_beside_other_models_and_served_over_oip(server: ServerProcess, c
     doc = httpx.post(f"http://{server.http_url}/v2/models/minilm_embed/infer", json=body).json()
     shapes = {o["name"]: o["shape"] for o in doc["outputs"]}
     assert shapes == {"embedding": [2, 384], "tokens": [2, 1]}
+
+
+def test_compact_embedding_types(server: ServerProcess) -> None:
+    """int8, uint8, binary and ubinary (issue 63, item 3): the FP32 vectors quantized exactly
+    as runtime/embedding_types.py says, integers in JSON and their bytes in base64."""
+    from milliserve.runtime.embedding_types import quantize
+
+    url = f"http://{server.http_url}/v1/embeddings"
+    body = {"model": "minilm_embed", "input": TEXTS, "encoding_format": "float"}
+    floats = np.array([d["embedding"] for d in httpx.post(url, json=body).json()["data"]], dtype=np.float32)
+    scale = float(
+        yaml.safe_load(PIPELINE_YAML)["ensemble_scheduling"]["step"][2]["pooling"].get("int8_scale", 1.0)
+    )
+    for kind, dtype, width in (
+        ("int8", np.int8, 384),
+        ("uint8", np.uint8, 384),
+        ("binary", np.int8, 48),
+        ("ubinary", np.uint8, 48),
+    ):
+        expected = quantize(floats, kind, scale)
+        r = httpx.post(url, json={**body, "embedding_type": kind})
+        assert r.status_code == 200, r.text
+        got = np.array([d["embedding"] for d in r.json()["data"]])
+        assert got.shape == (len(TEXTS), width)
+        np.testing.assert_array_equal(got, expected)
+        b64 = httpx.post(url, json={**body, "embedding_type": kind, "encoding_format": "base64"}).json()
+        raw = np.array([np.frombuffer(base64.b64decode(d["embedding"]), dtype=dtype) for d in b64["data"]])
+        np.testing.assert_array_equal(raw, expected)
+    # int8 keeps what cosine similarity ranks: the nearest text to each is the FP32 one's
+    q = quantize(floats, "int8", scale).astype(np.int32)
+    np.testing.assert_array_equal(
+        np.argsort(-(q @ q.T), axis=1)[:, 1], np.argsort(-(floats @ floats.T), axis=1)[:, 1]
+    )
+    refused = httpx.post(url, json={**body, "embedding_type": "int4"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "embedding_type"
+    # vectors that are not normalised have no int8 scale unless the config sets one
+    unscaled = httpx.post(url, json={**body, "model": "minilm_last", "embedding_type": "int8"})
+    assert unscaled.status_code == 400 and "int8_scale" in unscaled.json()["error"]["message"]
+    assert (
+        httpx.post(url, json={**body, "model": "minilm_last", "embedding_type": "binary"}).status_code == 200
+    )

@@ -38,6 +38,8 @@ class EmbeddingSpec:
     tokens: str | None  # INT64 [batch, 1]: tokens per text (None: not an output)
     max_batch_size: int
     dimensions: tuple[int, ...]  # the smaller sizes a request may ask for
+    # the int8 scale of compact embeddings (runtime/embedding_types.py); None: no int8
+    int8_scale: float | None = None
 
 
 def embedding_spec(config: ModelConfig) -> EmbeddingSpec | None:
@@ -66,6 +68,7 @@ def embedding_spec(config: ModelConfig) -> EmbeddingSpec | None:
         tokens=pooling.tokens if pooling.tokens in outputs else None,
         max_batch_size=config.max_batch_size,
         dimensions=pooling.dimensions,
+        int8_scale=pooling.int8_scale or (1.0 if pooling.normalize else None),
     )
 
 

@@ -4,8 +4,10 @@ or base64 (little-endian float32, what the ``openai`` SDK asks for by default).
 
 ``input`` is a string, a list of strings, a list of token ids or a list of such lists (at
 most 2048 inputs, OpenAI's limit); ``encoding_format`` ``float`` (default) or ``base64``;
-``dimensions`` a smaller size where the model allows it; ``user`` is accepted and has no
-effect. Any other field is refused with a 400 that names it, as OpenAI does. Errors are
+``dimensions`` a smaller size where the model allows it; ``embedding_type`` ``float``
+(default), ``int8``, ``uint8``, ``binary`` or ``ubinary`` (infinity's types, quantized as
+``runtime/embedding_types.py`` says: integers in JSON, the raw bytes in base64); ``user`` is
+accepted and has no effect. Any other field is refused with a 400 that names it, as OpenAI does. Errors are
 OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -25,6 +27,7 @@ from milliserve.llm.protocol import openai_error
 from milliserve.observability.timing import server_timing
 from milliserve.protocol.json_codec import decode_json_object, encode_json
 from milliserve.runtime.dataplane import DataPlane
+from milliserve.runtime.embedding_types import EMBEDDING_TYPES, quantize
 from milliserve.server.http.asgi import JSON_HEADER, Receive, Send
 from milliserve.status import status_of
 
@@ -33,7 +36,7 @@ __all__ = ["MAX_INPUTS", "EmbeddingsRequest", "EmbeddingsRoute", "embeddings_res
 log = logging.getLogger(__name__)
 
 MAX_INPUTS = 2048
-_FIELDS = ("model", "input", "encoding_format", "dimensions", "user")
+_FIELDS = ("model", "input", "encoding_format", "dimensions", "embedding_type", "user")
 
 ReadBody = Callable[[Any, Receive], Awaitable[bytes]]
 
@@ -44,6 +47,7 @@ class EmbeddingsRequest:
     inputs: list[str] | list[list[int]]
     base64: bool
     dimensions: int | None
+    embedding_type: str = "float"
 
 
 def _bad(message: str, param: str) -> InvalidInputError:
@@ -108,16 +112,26 @@ def parse_embeddings(doc: dict[str, Any]) -> EmbeddingsRequest:
     user = doc.get("user")
     if user is not None and not isinstance(user, str):
         raise _bad(f"'user' must be a string, got {type(user).__name__}", "user")
-    return EmbeddingsRequest(model, _inputs(doc["input"]), fmt == "base64", dims)
+    kind = doc.get("embedding_type", "float")
+    kind = "float" if kind == "float32" else kind  # infinity spells it float32
+    if kind not in EMBEDDING_TYPES:
+        raise _bad(
+            f"'embedding_type' must be one of {', '.join(EMBEDDING_TYPES)}, got {kind!r}", "embedding_type"
+        )
+    return EmbeddingsRequest(model, _inputs(doc["input"]), fmt == "base64", dims, kind)
 
 
 def embeddings_response(model: str, vectors: np.ndarray[Any, Any], tokens: int, b64: bool) -> bytes:
-    """OpenAI's answer: one embedding per row of ``vectors``, in order."""
+    """OpenAI's answer: one embedding per row of ``vectors``, in order: float32 vectors as
+    floats, or as little-endian float32 bytes in base64; int8 or uint8 ones (compact
+    embedding types) as integers, or their bytes in base64."""
     if b64:
-        rows = vectors.astype("<f4", copy=False)
+        rows = vectors.astype("<f4", copy=False) if vectors.dtype.kind == "f" else vectors
         items: list[Any] = [base64.b64encode(r.tobytes()).decode("ascii") for r in rows]
-    else:
+    elif vectors.dtype.kind == "f":
         items = list(np.ascontiguousarray(vectors, dtype=np.float32))
+    else:
+        items = vectors.tolist()
     data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(items)]
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     return encode_json({"object": "list", "data": data, "model": model, "usage": usage})
@@ -161,9 +175,17 @@ class EmbeddingsRoute:
         request = parse_embeddings(decode_json_object(body))
         embedder = self.dp.embedder(request.model)
         t1 = time.perf_counter()
+        kind, scale = request.embedding_type, embedder.spec.int8_scale
+        if kind in ("int8", "uint8") and scale is None:
+            raise _bad(
+                f"model {request.model!r} has no int8 scale for embedding_type {kind!r}: its vectors are "
+                "not normalised and its config sets no pooling.int8_scale",
+                "embedding_type",
+            )
         result = await embedder.embed(request.inputs, request.dimensions)
         t2 = time.perf_counter()
-        out = embeddings_response(request.model, result.vectors, result.tokens, request.base64)
+        vectors = quantize(result.vectors, kind, scale or 1.0)
+        out = embeddings_response(request.model, vectors, result.tokens, request.base64)
         t3 = time.perf_counter()
         stages: dict[str, float] = {"parse": t1 - t0}
         for r in result.responses:
