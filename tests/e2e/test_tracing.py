@@ -186,7 +186,13 @@ def test_a_pipeline_has_a_span_per_step_with_its_models_inside(
         {"name": "user_id", "shape": [1, 1], "datatype": "BYTES", "data": ["u0001"]},
         {"name": "transaction", "shape": [1, 4], "datatype": "FP32", "data": [120.0, 3.0, 0.0, 1.0]},
     ]
-    r = httpx.post(f"http://{traced.http_url}/v2/models/fraud/infer", json={"inputs": inputs})
+    # a deadline of its own: the pipeline's 50 ms budget is missed now and then on a busy
+    # machine (429), and what is tested is the trace, not the budget
+    r = httpx.post(
+        f"http://{traced.http_url}/v2/models/fraud/infer",
+        json={"inputs": inputs},
+        headers={"x-request-deadline-ms": "60000"},
+    )
     assert r.status_code == 200, r.text
     spans = receiver.trace("POST /v2/models/{model_name}/infer", {"url.path": "/v2/models/fraud/infer"})
     pipeline = _one(spans, "pipeline fraud")

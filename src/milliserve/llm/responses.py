@@ -67,6 +67,8 @@ _STATELESS = {
     "background": "this server runs no background responses (nothing is stored to fetch later)",
 }
 _ROLES = ("user", "system", "developer", "assistant")
+# the chat's fields whose errors name this API's
+_PARAMS = {"response_format": "text", "messages": "input"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -238,4 +240,11 @@ def parse_responses(doc: Any) -> GenerationParams:
         chat["tools"] = _tools(doc["tools"])
     if doc.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(doc["tool_choice"])
-    return parse_openai(chat, chat=True)
+    try:
+        return parse_openai(chat, chat=True)
+    except RequestError as exc:  # named as this API names the field
+        param = exc.args[1] if len(exc.args) > 1 else None
+        if param not in _PARAMS:
+            raise
+        message = exc.message.replace("'response_format", "'text.format").replace("'messages'", "'input'")
+        raise RequestError(message, _PARAMS[param]) from None

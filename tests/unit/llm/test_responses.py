@@ -90,6 +90,12 @@ def test_text_format_is_the_answers_schema() -> None:
         ({"frobnicate": 1}, "frobnicate", "unknown field"),
         ({"reasoning": {"effort": "high"}}, "reasoning", "not supported"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "nope"),
+        (
+            {"tools": [WEATHER], "text": {"format": {"type": "json_object"}}},
+            "text",
+            "'text.format' with a JSON schema and 'tools' cannot be combined",
+        ),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, "input", "output"),
     ],
 )
 def test_what_needs_stored_state_or_is_not_honoured_is_refused(
