@@ -1,11 +1,16 @@
 """Shared fixtures: tiny ONNX models written on the fly, the example repository,
-and the catalogue of bad requests that every front-end test replays."""
+and the catalogue of bad requests that every front-end test replays; and the run's
+rules: each run builds into a cache of its own, and under CI a package the test
+command installs may not be missing."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import struct
-from collections.abc import Awaitable, Callable, Coroutine
+import tempfile
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,73 @@ from milliserve.examples.build import EXAMPLES, OPTIONAL, build_examples
 from milliserve.testing import wait_until, wait_until_async
 
 ModelWriter = Callable[..., Path]
+
+_CACHE_ENV = "MILLISERVE_CACHE"
+_run_cache = pytest.StashKey[tuple[str | None, str | None]]()  # (the value before, this run's)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each run builds the examples into a cache of its own (``$MILLISERVE_CACHE``, which
+    servers and commands started by the tests inherit): a run never reuses what a
+    ``milliserve demo`` or an earlier run built in ``~/.cache/milliserve``, so every run
+    takes the cold paths a fresh machine takes. ``MILLISERVE_TEST_CACHE=DIR`` keeps one
+    between runs instead, for a developer repeating a test."""
+    kept = os.environ.get("MILLISERVE_TEST_CACHE")
+    if kept:
+        os.environ[_CACHE_ENV] = kept
+        return
+    run_cache = tempfile.mkdtemp(prefix="milliserve-test-cache-")
+    config.stash[_run_cache] = (os.environ.get(_CACHE_ENV), run_cache)
+    os.environ[_CACHE_ENV] = run_cache
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    before, run_cache = config.stash.get(_run_cache, (None, None))
+    if run_cache is None:
+        return
+    shutil.rmtree(run_cache, ignore_errors=True)
+    if before is None:
+        os.environ.pop(_CACHE_ENV, None)
+    else:
+        os.environ[_CACHE_ENV] = before
+
+
+def _under_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+_BROKEN_INSTALL = (
+    "under CI a package the test command (scripts/test) installs may not be missing: "
+    "this skip would hide a broken install"
+)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """Under CI a test module skipped whole (``pytest.importorskip`` at module level: the
+    only module-level skips here) fails instead."""
+    outcome = yield
+    report: pytest.CollectReport = outcome.get_result()  # type: ignore[attr-defined]
+    if _under_ci() and report.skipped:
+        _, _, reason = report.longrepr if isinstance(report.longrepr, tuple) else ("", 0, "")
+        report.outcome = "failed"
+        report.longrepr = f"{collector.nodeid}: {reason}; {_BROKEN_INSTALL}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under CI a test skipped by ``pytest.importorskip`` (in a fixture or the test) fails."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    excinfo = call.excinfo
+    if (
+        _under_ci()
+        and report.skipped
+        and excinfo is not None
+        and any(entry.name == "importorskip" for entry in excinfo.traceback)
+    ):
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid}: {excinfo.value}; {_BROKEN_INSTALL}"
 
 
 def _save(

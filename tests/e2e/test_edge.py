@@ -23,7 +23,8 @@ import pytest
 
 from milliserve.testing import ServerProcess, wait_until
 
-pytestmark = pytest.mark.e2e
+# the module's bundles are built with npm and esbuild, each build given up to 900 s
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 playwright = pytest.importorskip("playwright.sync_api", reason="the [edge] extra (playwright) is needed")
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from milliserve.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +30,7 @@ def _script(workdir: Path) -> str:
     return "\n".join(["set -euo pipefail", f"cd {ROOT}", *lines[:3], cleanup, *lines[3:]]) + "\n"
 
 
+@pytest.mark.timeout(1800)  # the tutorial's own script may take 1500 s (below)
 def test_tutorial_commands_run_and_measure(tmp_path: Path) -> None:
     t = tmp_path / "t"
     env = {
