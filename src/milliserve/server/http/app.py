@@ -33,9 +33,12 @@ from milliserve.road import Offload
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
 from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE, JSON_HEADER, Receive, Scope, Send
+from milliserve.server.http.classify import ClassifyRoute
 from milliserve.server.http.edge_files import EdgeFiles
 from milliserve.server.http.embeddings import EmbeddingsRoute
 from milliserve.server.http.generate import GenerateRoutes
+from milliserve.server.http.json_route import JsonRoute
+from milliserve.server.http.rerank import RerankRoute
 from milliserve.server.http.shm_routes import KINDS, SharedMemoryRoutes
 from milliserve.server.shm.service import SharedMemoryService
 from milliserve.status import status_of
@@ -79,6 +82,15 @@ class HttpApp:
         self._metrics = metrics  # /metrics here too, so tools need not know the metrics port
         self.generate = GenerateRoutes(dataplane, self._read_body)
         self.embeddings = EmbeddingsRoute(dataplane, self._read_body)
+        rerank, classify = RerankRoute(dataplane, self._read_body), ClassifyRoute(dataplane, self._read_body)
+        # encoder routes in OpenAI's, Cohere's, infinity's and TEI's spellings
+        self.encoder_routes: dict[str, JsonRoute] = {
+            "v1/rerank": rerank,
+            "rerank": rerank,
+            "v1/classify": classify,
+            "classify": classify,
+            "predict": classify,
+        }
         self.edge = edge
         self.local_only = local_only  # a worker's private listener: no fan-out to siblings
         self.shm = shared_memory or SharedMemoryService(False)
@@ -100,7 +112,8 @@ class HttpApp:
             await send({"type": "http.response.start", "status": 404, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
-        if GenerateRoutes.handles(scope["method"], parts):
+        encoder = self.encoder_routes.get("/".join(parts))
+        if encoder is not None or GenerateRoutes.handles(scope["method"], parts):
             try:
                 self.auth.check(scope["headers"], "api")
             except MilliserveError as exc:
@@ -109,6 +122,9 @@ class HttpApp:
                 headers.append((b"www-authenticate", b'Bearer realm="milliserve"'))
                 await send({"type": "http.response.start", "status": 401, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
+                return
+            if encoder is not None:
+                await encoder(scope, receive, send, parts)
                 return
             if parts == ["v1", "embeddings"]:
                 await self.embeddings(scope, receive, send)
