@@ -1,7 +1,14 @@
 """``milliserve optimize`` ships an OpenVINO variant (NNCF INT8) into a repository folder
 that a real server loads through its ``openvino`` backend; tritonclient's answers over
 HTTP and gRPC equal OpenVINO's own on the shipped IR, and the report says how it was
-chosen."""
+chosen.
+
+What is tested here is shipping and serving, which hold on any CPU. NNCF INT8's accuracy
+does not: its kernels choose their code by the CPU's features, and on an AVX2-only CPU the
+variant scores more than a point below FP32 where AVX-512 VNNI keeps it within one. So
+the run takes a tolerance wide enough for any instruction set (the quality gate of
+``--ship`` has its own test, tests/unit/optimize/test_optimize_inputs.py), and the report
+must say which features its figures hold for."""
 
 from __future__ import annotations
 
@@ -46,6 +53,8 @@ def test_a_shipped_nncf_variant_serves_through_the_openvino_backend(
             "nncf_int8",
             "--ship",
             "nncf_int8",
+            "--tolerance",
+            "1",  # accuracy in [0, 1]: any quality ships; the gate is not what this test is about
             "--rounds",
             "2",
             "--final-rounds",
@@ -68,6 +77,9 @@ def test_a_shipped_nncf_variant_serves_through_the_openvino_backend(
     assert report["winner"] == "nncf_int8" and "shipped as asked" in report["why"]
     row = next(r for r in report["rows"] if r["name"] == "nncf_int8")
     assert row["runtime"] == "openvino" and row["servable"]
+    flags = " ".join(report["cpu"]["flags"]) or "none of"
+    holds = f"Accuracy and speed hold for a CPU with these features: {flags}"
+    assert holds in (out / "report.md").read_text()
 
     batch = x[:5]
     compiled = ov.Core().compile_model(

@@ -17,7 +17,7 @@ from milliserve.optimize.measure import BATCHES
 from milliserve.optimize.select import latency_parts
 from milliserve.plotting import pyplot
 
-__all__ = ["OptimizeReport", "write_reports"]
+__all__ = ["OptimizeReport", "holds_for", "write_reports"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,18 @@ def _shapes(shapes: dict[str, list[int]]) -> str:
     return f" ({each}; the speed-ups hold for inputs of that size)"
 
 
+def holds_for(cpu: dict[str, Any]) -> str:
+    """The sentence saying which CPU features the report's figures hold for: INT8 and BF16
+    kernels (ONNX Runtime's, OpenVINO's) choose their code by them, so a quantized
+    variant's accuracy as well as its speed can differ on a CPU with other features."""
+    flags = " ".join(cpu.get("flags") or []) or "none of AVX2, AVX-512, VNNI, BF16 or AMX"
+    return (
+        f"Accuracy and speed hold for a CPU with these features: {flags}. Quantized kernels "
+        "choose their code by them (VNNI, AVX-512, AMX), so on a CPU with other features a "
+        "variant's accuracy and speed can differ: run optimize there before trusting them."
+    )
+
+
 def write_reports(report: OptimizeReport, output: Path) -> None:
     output.mkdir(parents=True, exist_ok=True)
     (output / "report.json").write_text(json.dumps(_strict(report.as_dict()), indent=2, default=str))
@@ -92,6 +104,8 @@ def write_reports(report: OptimizeReport, output: Path) -> None:
         f"on the evaluation set's rows{_shapes(report.item_shapes)}.",
         f"Metric: {report.metric} (FP32 {report.reference:.4f}), tolerance {report.tolerance}; "
         f"ranked on {report.latency_key}; shipped: **{report.winner or 'nothing'}**. {report.why}.",
+        "",
+        holds_for(report.cpu),
         "",
         f"Speed-up is FP32's latency over the variant's at batch {k} (p{q:.0f}) with its 95% bootstrap "
         "interval over the timing rounds; finalists (†) were re-timed head to head in "

@@ -1,5 +1,6 @@
 """What users hand to optimize that the examples never do: a model exported with a fixed
-batch of 1, float64 data, and a ``--ship`` that cannot be honoured."""
+batch of 1, float64 data, and a ``--ship`` that cannot be honoured; and what the report
+says its figures hold for."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from milliserve.errors import ConfigError
 from milliserve.optimize.api import optimize
+from milliserve.optimize.report import holds_for
 from milliserve.optimize.ship import _quoted
 
 
@@ -79,6 +81,43 @@ def test_a_ship_that_cannot_be_honoured_says_why_and_keeps_the_report(tmp_path: 
     report = json.loads((out / "report.json").read_text())
     assert report["winner"] is None and report["why"].startswith("nothing shipped")
     assert not (out / "1").exists()
+
+
+def test_a_ship_below_the_tolerance_is_refused_and_keeps_the_report(tmp_path: Path) -> None:
+    """The quality gate of ``--ship``, on any CPU: with no tolerance at all, an INT8 variant
+    (whose outputs always differ a little from FP32's) is below FP32 minus the tolerance."""
+    source = _mlp(tmp_path / "m.onnx", "b")
+    out = tmp_path / "repo" / "m"
+    with pytest.raises(ConfigError, match=r"--ship 'int8_dynamic': its quality .* is below FP32 minus"):
+        optimize(
+            source,
+            _data(tmp_path),
+            out,
+            metric="cosine",
+            tolerance=0.0,
+            only=["fp32", "int8_dynamic"],
+            rounds=1,
+            final_rounds=1,
+            budget_s=0.0,  # no accuracy-aware search: the plain INT8 variant is the one asked for
+            ship="int8_dynamic",
+        )
+    report = json.loads((out / "report.json").read_text())
+    assert report["winner"] is None and report["why"].startswith("nothing shipped")
+    row = next(r for r in report["rows"] if r["name"] == "int8_dynamic")
+    assert row["quality"] < report["reference"]
+    assert not (out / "1").exists()
+
+
+def test_the_report_says_which_cpu_features_its_figures_hold_for(tmp_path: Path) -> None:
+    source = _mlp(tmp_path / "m.onnx", "b")
+    out = tmp_path / "repo" / "m"
+    report = optimize(source, _data(tmp_path), out, metric="cosine", only=["fp32"], rounds=1, final_rounds=1)
+    text = (out / "report.md").read_text()
+    flags = " ".join(report.cpu["flags"]) or "none of AVX2, AVX-512, VNNI, BF16 or AMX"
+    assert f"Accuracy and speed hold for a CPU with these features: {flags}." in text
+    assert holds_for({"flags": []}).startswith(
+        "Accuracy and speed hold for a CPU with these features: none of AVX2"
+    )
 
 
 def test_tensor_names_with_quotes_are_escaped_in_the_config() -> None:
