@@ -13,6 +13,7 @@ import numpy as np
 
 from milliserve.bench.workload import Workload
 from milliserve.errors import ConfigError
+from milliserve.percentiles import percentile, percentiles
 
 __all__ = ["ColdStart", "measure_cold_start"]
 
@@ -46,10 +47,10 @@ def _call(
 
 def requests_to_settle(latencies_ms: np.ndarray, window: int = SETTLE_WINDOW) -> int:
     """Index after which every window's p99 stays within 1.2x the p99 of the second half."""
-    steady = float(np.percentile(latencies_ms[len(latencies_ms) // 2 :], 99))
+    steady = percentile(latencies_ms[len(latencies_ms) // 2 :], 99)
     settle = 0
     for start in range(0, len(latencies_ms) - window + 1, window // 5):
-        if np.percentile(latencies_ms[start : start + window], 99) > 1.2 * steady:
+        if percentile(latencies_ms[start : start + window], 99) > 1.2 * steady:
             settle = start + window
     return settle
 
@@ -83,12 +84,12 @@ def measure_cold_start(w: Workload, requests: int = 400) -> ColdStart:
             )
     conn.close()
     lat = np.asarray(latencies)
-    steady = lat[len(lat) // 2 :]
+    p50, p99 = percentiles(lat[len(lat) // 2 :], [50, 99])
     return ColdStart(
         load_s,
         float(lat[0]),
         float(lat[1]),
-        float(np.percentile(steady, 50)),
-        float(np.percentile(steady, 99)),
+        p50,
+        p99,
         requests_to_settle(lat),
     )

@@ -40,6 +40,7 @@ import numpy as np
 from milliserve.bench.llm_client import BAD_RESPONSE, STREAM_CUT, STREAM_ERROR, TIMEOUT
 from milliserve.bench.records import Records
 from milliserve.bench.results import client_cpu_share, errors_by_kind, hdr_percentiles, lateness, level_label
+from milliserve.percentiles import percentile
 
 __all__ = ["ERROR_KINDS", "LlmLevelResult", "Slo", "request_itls", "summarize_llm"]
 
@@ -179,7 +180,7 @@ def summarize_llm(
         itls.append(gaps)
         if st.output_tokens[i] > 1:
             tpot.append((rec.done[i] - first[i]) / (st.output_tokens[i] - 1))
-        itl_p99 = float(np.percentile(gaps, 99)) if gaps.size else 0.0
+        itl_p99 = percentile(gaps, 99) if gaps.size else 0.0
         over_ttft, over_itl = t_first * 1e3 > slo.ttft_ms, itl_p99 * 1e3 > slo.itl_ms
         missed_ttft += over_ttft
         missed_itl += over_itl
@@ -217,7 +218,7 @@ def summarize_llm(
         output_tokens=(
             {
                 "mean": float(out.mean()),
-                "p50": float(np.median(out)),
+                "p50": percentile(out, 50),
                 "max": float(out.max()),
                 "total": float(out.sum()),
             }

@@ -12,6 +12,7 @@ import numpy as np
 from hdrh.histogram import HdrHistogram
 
 from milliserve.bench.records import CONNECT_ERROR, Records
+from milliserve.percentiles import percentiles
 
 __all__ = [
     "LATE_SEND_S",
@@ -88,16 +89,18 @@ def level_label(mode: str, level: float) -> str:
 
 
 def hdr_percentiles(values_us: np.ndarray[Any, Any]) -> tuple[dict[str, float], HdrHistogram]:
-    """PERCENTILES, max and mean of ``values_us`` through an HDR histogram (1 µs to 1 h,
-    3 significant digits); empty when there are no values."""
+    """PERCENTILES (nearest rank over every value: milliserve.percentiles), max and mean of
+    ``values_us``, empty when there are no values; and the values in an HDR histogram (1 µs
+    to 1 h, 3 significant digits), which keeps the distribution for whoever merges levels.
+    The percentiles come from the values themselves, not from the histogram's buckets."""
     hist = HdrHistogram(1, 3_600_000_000, 3)
     for v in values_us:
         hist.record_value(min(max(int(v), 1), 3_600_000_000))
     if not values_us.size:
         return {}, hist
-    pct = {f"p{p:g}": float(hist.get_value_at_percentile(p)) for p in PERCENTILES}
-    pct["max"] = float(hist.get_max_value())
-    pct["mean"] = float(hist.get_mean_value())
+    pct = {f"p{p:g}": v for p, v in zip(PERCENTILES, percentiles(values_us, PERCENTILES), strict=True)}
+    pct["max"] = float(np.max(values_us))
+    pct["mean"] = float(np.mean(values_us))
     return pct, hist
 
 
@@ -136,8 +139,8 @@ def lateness(rec: Records, keep: np.ndarray[Any, Any]) -> tuple[int, float, floa
     late = (rec.sent - rec.intended)[keep]
     if not late.size:
         return 0, 0.0, 0.0
-    p50, p99 = np.percentile(late, [50, 99])
-    return int((late > LATE_SEND_S).sum()), float(p99 * 1e3), float(p50 * 1e6)
+    p50, p99 = percentiles(late, [50, 99])
+    return int((late > LATE_SEND_S).sum()), p99 * 1e3, p50 * 1e6
 
 
 def client_cpu_share(rec: Records, run_s: float, cores: int) -> float:

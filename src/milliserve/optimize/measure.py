@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from milliserve.errors import ConfigError
+from milliserve.percentiles import percentiles
 
 __all__ = [
     "EvalSet",
@@ -234,9 +235,10 @@ class Timing:
         for b, rounds in self.rounds.items():
             s = [x for r in rounds for x in r]
             if s:
-                out[f"p50_b{b}_us"] = float(np.percentile(s, 50) * 1e6)
-                out[f"p99_b{b}_us"] = float(np.percentile(s, 99) * 1e6)
-                out[f"throughput_b{b}"] = float(b / np.median(s))
+                p50, p99 = percentiles(s, [50, 99])
+                out[f"p50_b{b}_us"] = p50 * 1e6
+                out[f"p99_b{b}_us"] = p99 * 1e6
+                out[f"throughput_b{b}"] = b / p50
                 out[f"calls_b{b}"] = float(len(s))
         return out
 

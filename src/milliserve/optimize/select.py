@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from milliserve.percentiles import percentile, percentiles
+
 __all__ = [
     "Candidate",
     "Selection",
@@ -75,17 +77,17 @@ def speedup_interval(
         return float("nan"), float("nan"), float("nan")
     b = [np.asarray(r, dtype=np.float64) for r in base[:n]]
     o = [np.asarray(r, dtype=np.float64) for r in other[:n]]
-    point = float(np.percentile(np.concatenate(b), q) / np.percentile(np.concatenate(o), q))
+    point = percentile(np.concatenate(b), q) / percentile(np.concatenate(o), q)
     if n < 3:
         return point, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     ratios = np.empty(resamples)
     for i in range(resamples):
         idx = rng.integers(0, n, n)
-        ratios[i] = np.percentile(np.concatenate([b[j] for j in idx]), q) / np.percentile(
+        ratios[i] = percentile(np.concatenate([b[j] for j in idx]), q) / percentile(
             np.concatenate([o[j] for j in idx]), q
         )
-    low, high = np.percentile(ratios, [2.5, 97.5])
+    low, high = percentiles(ratios, [2.5, 97.5])
     return point, float(low), float(high)
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from milliserve.config.steps import Hedge, PipelineStep
 from milliserve.errors import ConfigError, MilliserveError, RequestError
+from milliserve.percentiles import percentile
 from milliserve.pipeline.steps import ModelCall
 from milliserve.protocol.types import InferResponse
 from milliserve.road import Call, Tensors
@@ -69,8 +70,7 @@ class LatencyWindow:
         if len(self._ring) >= self.min_samples and (
             len(self._ring) == self.min_samples or self._seen % self.every == 0
         ):
-            ordered = sorted(self._ring)
-            self._value = ordered[min(len(ordered) - 1, int(self.q * len(ordered)))]
+            self._value = percentile(self._ring, 100 * self.q)
 
     def value(self) -> float:
         """The quantile now (``default_s`` while fewer than ``min_samples`` are in)."""
