@@ -38,6 +38,7 @@ from server_overhead import cpu_description
 
 from milliserve.examples.build import build_examples
 from milliserve.examples.tweet_search import tweet_embeddings, tweet_texts, typed_queries
+from milliserve.percentiles import percentile, percentiles
 
 K = 10
 Search = Callable[[Any, int], Any]  # (queries [n, dim], k) -> row numbers [n, k]
@@ -210,7 +211,7 @@ def inline_or_offload(c: Config, queries: Any, calls: int = 1000) -> list[tuple[
                 else:
                     await loop.run_in_executor(pool, c.search, b, K)
                     hop.append(clock() - t0)
-        return np.percentile(inline, [50, 99]) * 1e6, np.percentile(hop, [50, 99]) * 1e6
+        return np.array(percentiles(inline, [50, 99])) * 1e6, np.array(percentiles(hop, [50, 99])) * 1e6
 
     for rows in (1, 2, 4, 8, 32):
         out.append((rows, *asyncio.run(timed(rows))))
@@ -236,7 +237,7 @@ def main() -> None:
     measure(configs, queries, truth, args.rounds)
 
     def pct(c: Config, p: float) -> float:
-        return float(np.percentile(c.times_us, p))
+        return percentile(c.times_us, p)
 
     good = [c for c in configs if c.recall >= 0.95 and c.library != "numpy" and "exact" not in c.kind]
     # the sweep's p99s rest on a few noisy samples: the fastest setting (p50) of each library
@@ -246,7 +247,7 @@ def main() -> None:
         for lib in ("hnswlib", "faiss-cpu")
     ]
     final = head_to_head(finalists, queries, args.repeats)
-    winner = min(finalists, key=lambda c: float(np.percentile(final[c.library], 99)))
+    winner = min(finalists, key=lambda c: percentile(final[c.library], 99))
     lines = [
         "## ANN library for the `ann` step: hnswlib against faiss-cpu",
         "",
@@ -267,7 +268,7 @@ def main() -> None:
             f"| {pct(c, 50):.0f} | {pct(c, 99):.0f} | {c.batch32_us:.0f} |"
         )
     n = len(final[winner.library])
-    p99 = {c.library: float(np.percentile(final[c.library], 99)) for c in finalists}
+    p99 = {c.library: percentile(final[c.library], 99) for c in finalists}
     gap = 1 - p99[winner.library] / max(p99.values())
     lines += [
         "",
@@ -282,7 +283,7 @@ def main() -> None:
         t = final[c.library]
         lines.append(
             f"| {c.library} | {c.kind} {c.params} | {c.recall:.3f} | {np.mean(t):.0f} "
-            f"| {np.percentile(t, 50):.0f} | {np.percentile(t, 99):.0f} | {np.percentile(t, 99.9):.0f} |"
+            f"| {percentile(t, 50):.0f} | {percentile(t, 99):.0f} | {percentile(t, 99.9):.0f} |"
         )
     lines += [
         "",

@@ -27,6 +27,7 @@ from server_overhead import cpu_description
 
 from milliserve.examples.build import build_examples
 from milliserve.examples.tweet_search import tweet_embeddings, tweet_texts, typed_queries
+from milliserve.percentiles import percentile
 from milliserve.testing import ServerProcess
 
 K = 10
@@ -81,7 +82,7 @@ def main() -> None:
     recall = float(np.mean([len(set(a) & set(b)) / K for a, b in zip(found, truth.tolist(), strict=True)]))
 
     def pct(values: list[float], p: float) -> float:
-        return float(np.percentile(values, p))
+        return percentile(values, p)
 
     ann = stages["ann"]
     lines = [

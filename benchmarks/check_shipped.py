@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from milliserve.percentiles import percentile, percentiles
+
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 __all__ = ["check", "config_of", "markdown_header", "markdown_row"]
@@ -124,15 +126,15 @@ def _time_interleaved(
 def _bootstrap_ratio(
     num: list[list[float]], den: list[list[float]], resamples: int, seed: int
 ) -> tuple[float, float]:
-    """95% interval of median(num) / median(den), rounds resampled in pairs."""
+    """95% interval of p50(num) / p50(den), rounds resampled in pairs."""
     a, b = np.array(num), np.array(den)
     rng = np.random.default_rng(seed)
     ratios = np.empty(resamples)
     for i in range(resamples):
         idx = rng.integers(0, len(a), len(a))
-        ratios[i] = np.median(a[idx]) / np.median(b[idx])
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return float(lo), float(hi)
+        ratios[i] = percentile(a[idx], 50) / percentile(b[idx], 50)
+    lo, hi = percentiles(ratios, [2.5, 97.5])
+    return lo, hi
 
 
 def check(
@@ -156,7 +158,7 @@ def check(
     rows = [{k: np.ascontiguousarray(v[i : i + 1]) for k, v in inputs.items()} for i in range(len(labels))]
     samples = _time_interleaved({"fp32": fp32, "shipped": shipped}, rows, rounds, calls)
     flat = {name: np.concatenate(s) * 1e6 for name, s in samples.items()}
-    p50 = {name: float(np.median(v)) for name, v in flat.items()}
+    p50 = {name: percentile(v, 50) for name, v in flat.items()}
     lo, hi = _bootstrap_ratio(samples["fp32"], samples["shipped"], resamples, seed)
     delta = acc_shipped - acc_fp32
     return {
@@ -170,8 +172,8 @@ def check(
         "delta_points": 100 * delta,
         "p50_fp32_us": p50["fp32"],
         "p50_shipped_us": p50["shipped"],
-        "p99_fp32_us": float(np.percentile(flat["fp32"], 99)),
-        "p99_shipped_us": float(np.percentile(flat["shipped"], 99)),
+        "p99_fp32_us": percentile(flat["fp32"], 99),
+        "p99_shipped_us": percentile(flat["shipped"], 99),
         "speedup": p50["fp32"] / p50["shipped"],
         "speedup_ci95": [lo, hi],
         "tolerance": tolerance,

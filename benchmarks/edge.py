@@ -56,6 +56,7 @@ from milliserve.edge.bundle import build_bundle
 from milliserve.examples.build import build_examples
 from milliserve.examples.sentiment import LABELS, splits
 from milliserve.examples.sentiment_pipeline import N_EVAL, N_TRAIN, fp32_classifier
+from milliserve.percentiles import percentile, percentiles
 from milliserve.testing import ServerProcess
 
 ROOMY = "budget_ms=1000000"  # the policy is not measured here: the page always answers itself
@@ -193,7 +194,7 @@ def parity(page: Any, origin: str, server_model: str, rows: list[tuple[str, int]
         "n": n,
         "agree": agree / n,
         "mean": float(d.mean()),
-        "p99": float(np.quantile(d, 0.99)),
+        "p99": percentile(d, 99),
         "max": float(d.max()),
         "within_1e-2": float((d <= 1e-2).mean()),
         "acc_edge": right_edge / n,
@@ -368,7 +369,8 @@ def measure(args: argparse.Namespace, work: Path) -> str:
                     ms = np.array(
                         pages[(v.bundle, v.threads, v.gpu)].evaluate(RUN, [chunk, v.prefer, provider])
                     )
-                    lat[v.name].append((float(np.quantile(ms, 0.5)), float(np.quantile(ms, 0.99))))
+                    p50, p99 = percentiles(ms, [50, 99])
+                    lat[v.name].append((p50, p99))
                     print(
                         f"round {rnd} {v.name}: p50 {lat[v.name][-1][0]:.2f} p99 {lat[v.name][-1][1]:.2f} ms"
                     )

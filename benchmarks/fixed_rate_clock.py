@@ -45,6 +45,7 @@ from milliserve.bench.loadgen import WorkerPool
 from milliserve.bench.records import Records
 from milliserve.bench.workload import build_workload, parse_target
 from milliserve.examples.fraud_mlp import build_fraud_mlp
+from milliserve.percentiles import percentile
 from milliserve.server.wire_timing import read_wire_log
 from milliserve.testing import ServerProcess
 
@@ -62,7 +63,7 @@ class Cell:
 
 
 def _pct(values_s: np.ndarray[Any, Any], q: float) -> float:
-    return float(np.percentile(values_s, q) * 1e6) if values_s.size else float("nan")
+    return percentile(values_s, q) * 1e6 if values_s.size else float("nan")
 
 
 def server_spans(log: Path, t0: float, t1: float) -> np.ndarray[Any, Any]:

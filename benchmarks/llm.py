@@ -70,6 +70,7 @@ from report_sections import commit, write_section
 
 from milliserve.bench.runner import cpu_model
 from milliserve.examples.smollm2 import packaged_gguf
+from milliserve.percentiles import percentile
 from milliserve.testing import ServerProcess, free_port
 
 CHATS = [
@@ -116,10 +117,7 @@ class Level:
 
 
 def _pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+    return percentile(xs, p) if xs else float("nan")
 
 
 async def run_level(
@@ -437,7 +435,7 @@ async def prefix_part(
                 msgs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": a}] for a in asks]
                 got.setdefault(name, []).append(await run_level(url, "smollm2", msgs, 16, {}))
             ttft = [t for lv in got[name][-bursts:] for t in lv.ttft]
-            p99 = sorted(ttft)[int(0.99 * (len(ttft) - 1))]
+            p99 = percentile(ttft, 99)
             by_round.setdefault(name, []).append(p99 * 1e3)
             print(f"round {r} {name}: TTFT p99 {p99 * 1e3:.0f} ms", flush=True)
     return {k: summary(v) for k, v in got.items()}, by_round

@@ -23,6 +23,7 @@ from typing import Any
 
 import openai
 
+from milliserve.percentiles import percentile
 from milliserve.testing import ServerProcess
 
 SCHEMA = {
@@ -45,8 +46,7 @@ PROMPTS = [
 
 
 def _pct(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))] if s else float("nan")
+    return percentile(xs, p) if xs else float("nan")
 
 
 async def _tokens_per_s(url: str, streams: int, seconds: float, constrained: bool) -> float:
@@ -201,7 +201,7 @@ def _under_load(url: str, samples: int) -> list[float]:
 def priority_part(write_repo: Any, root: Path, gguf: Path, samples: int, rounds: int, where: str) -> str:
     """The ``llm-priority`` section's text: per mode, ``rounds`` rounds of ``samples`` idle
     samples then ``samples`` under each background (their order alternating), so that the
-    idle p99, which is the second-worst of 200 samples, is measured as often as the loaded."""
+    idle p99, which is the third-worst of 200 samples (nearest rank), is measured as often as the loaded."""
     rows = []
     for mode in ("fair", "priority"):
         repo = write_repo(root / f"prio-{mode}", gguf, "smollm2", {"n_ctx": "2048", "preemption": mode})

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from milliserve.bench.cache_drill import Load, Stalls, cache_counts, write_add_sub
+from milliserve.percentiles import percentiles
 from milliserve.testing import RedisServer, ServerProcess
 
 
@@ -41,8 +41,7 @@ def measure(load: Load, http_url: str, requests: int, label: str) -> float:
     h1, m1 = cache_counts(http_url)
     elapsed = time.perf_counter() - t0
     ratio = (h1 - h0) / max(1, (h1 - h0) + (m1 - m0))
-    lat = sorted(load.latencies[lat0:])
-    p50, p99 = statistics.median(lat), lat[int(0.99 * (len(lat) - 1))]
+    p50, p99 = percentiles(load.latencies[lat0:], [50, 99])
     print(
         f"{label:8s} hit ratio {ratio:.3f} ({h1 - h0} hits, {m1 - m0} misses); "
         f"{(load.sent - n0) / elapsed:.0f} req/s, p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
