@@ -48,7 +48,8 @@ def test_json_csv_and_plots(server: ServerProcess, tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["tool"] == "milliserve bench" and doc["model"] == "fraud_mlp"
     assert doc["config"]["mode"] == "closed" and doc["machine"]["cores"] >= 1
-    assert 0 < doc["calibration"]["null_server_p50_us"] < 5000  # the tool's own overhead, measured
+    # the tool's own overhead, measured (how small it is: benchmarks/bench_truth.py)
+    assert doc["calibration"]["null_server_p50_us"] > 0
     levels = doc["levels"]
     assert [lv["level"] for lv in levels] == [1, 4]
     for lv in levels:
@@ -124,7 +125,7 @@ def test_cold_start_through_the_repository_api(example_repo: Path, tmp_path: Pat
         )
         assert r.returncode == 0, r.stderr
         cold = json.loads(out.read_text())["cold_start"]
-        assert 0 < cold["load_s"] < 30 and cold["first_request_ms"] > 0
+        assert cold["load_s"] > 0 and cold["first_request_ms"] > 0
         assert 0 < cold["steady_p50_ms"] <= cold["steady_p99_ms"]
         assert 0 <= cold["requests_to_settle"] <= 400
         assert "cold start: ready" in r.stdout

@@ -18,14 +18,17 @@ from milliserve.testing import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
+# infer's microsecond is over budget on any machine, and the other stages' second is within
+# it on any machine, however loaded: what is tested is that the report names the stage
+# over its budget, not how fast a stage runs (benchmarks/ measure that)
 CONFIG = """
 name: "add_sub"
 max_batch_size: 8
 budget {
-  p99_ms: 50
+  p99_ms: 3000
   stages [
-    { key: "parse" value: 5 }, { key: "queue" value: 5 },
-    { key: "infer" value: 0.001 }, { key: "serialize" value: 5 }
+    { key: "parse" value: 1000 }, { key: "queue" value: 1000 },
+    { key: "infer" value: 0.001 }, { key: "serialize" value: 999 }
   ]
 }
 """
@@ -62,7 +65,7 @@ def test_report_names_the_stage_over_budget(tmp_path: Path, write_add_sub: Calla
     assert r.returncode == 3, r.stderr  # --fail-over: a stage is over its budget
     assert "OVER" in r.stdout and "infer" in r.stdout
     report = json.loads(out.read_text())
-    assert report["p99_budget_ms"] == 50 and report["over_budget"] == ["infer"]
+    assert report["p99_budget_ms"] == 3000 and report["over_budget"] == ["infer"]
     stages = {s["stage"]: s for s in report["stages"]}
     assert [s["stage"] for s in report["stages"]][:2] == ["parse", "queue"]
     assert stages["infer"]["count"] == 50 and stages["infer"]["budget_ms"] == 0.001

@@ -2,6 +2,11 @@
 
 The fake server (milliserve.bench.fake_server) runs in a subprocess on a free
 loopback port; the load generator runs its real worker processes.
+
+What is asserted holds on any machine, however loaded: the floors the server's sleeps
+set, the ceilings they set on throughput, and the modes that a right report must tell
+apart. How close to the floors the tool measures on an idle machine is a performance
+claim, checked by benchmarks/bench_truth.py.
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ def test_reported_percentiles_match_a_known_distribution() -> None:
     with fake_server("--latency-ms", "1", "--slow-every", "50", "--slow-ms", "50") as url:
         r = bench(url, concurrency=[1], duration_s=4, warmup_s=0.5)
     p50, p99 = r["latency_us"]["p50"], r["latency_us"]["p99"]
-    # the sleeps are floors; the ceilings leave room for a loaded machine's scheduling delays
-    # (idle: p50 ~1.2 ms, p99 ~51 ms) while telling the fast mode from the slow one
-    assert 1000 <= p50 <= 2500, p50
-    assert 45_000 <= p99 <= 70_000, p99
+    # the sleeps are floors; the median is the fast mode and the p99 the slow one (idle: p50
+    # ~1.2 ms, p99 ~51 ms; how close to the floors: benchmarks/bench_truth.py)
+    assert 1000 <= p50 < 45_000, p50
+    assert p99 >= 45_000, p99
     assert r["errors"] == {} and r["ok"] == r["requests"] > 500
 
 
@@ -77,8 +82,9 @@ def test_stability_mode_runs_windows_until_three_agree() -> None:
     # reported over the three windows that agreed, stitched end to end
     assert r["duration_s"] == pytest.approx(3 * 0.5, rel=0.01)
     assert r["throughput"] == pytest.approx(r["ok"] / r["duration_s"], rel=0.01)
-    # one request in flight, each just over 1 ms idle (~850/s); slower on a loaded machine
-    assert 300 <= r["throughput"] <= 1000
+    # one request in flight, each at least 1 ms: at most 1000/s (idle ~850/s; how near:
+    # benchmarks/bench_truth.py)
+    assert 0 < r["throughput"] <= 1000
 
 
 def test_compare_runs_both_targets_and_reports_ratios() -> None:
@@ -105,7 +111,7 @@ def test_compare_runs_both_targets_and_reports_ratios() -> None:
     # median it answers the 2 ms of extra sleep later than A
     assert b["p50"] >= 2500 and b["throughput"] <= 400, row
     assert a["p50"] + 1000 <= b["p50"], row
-    # ~3.1 ms against ~1.1 ms idle; a loaded machine adds to both and moves the ratio a little
-    assert 1.8 <= ratios["p50"] <= 4.5, row
-    assert ratios["throughput"] <= 0.6, row
+    # B is the slower on both counts (idle ~3.1 ms against ~1.1 ms, a ratio of ~2.8 that a
+    # loaded machine moves: benchmarks/bench_truth.py)
+    assert ratios["p50"] > 1 and ratios["throughput"] < 1, row
     assert report.as_dict()["compare"]["target"] == slow
