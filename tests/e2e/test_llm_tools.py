@@ -1,12 +1,14 @@
 """Tool calling for real: the openai SDK, unchanged, against the smollm2 example (whose
 template has no call format of its own, so every call is held to its function's schema).
 An agent loop runs to the model's answer; twenty tool schemas' calls, streamed and not,
-all parse and validate with ``jsonschema``."""
+all parse and validate with ``jsonschema``. The same weights with Qwen2.5's template (a
+GGUF copy whose metadata says so) take the road of a template with a call format."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +127,58 @@ def _tool(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]
 
 
 SCHEMAS = {name: schema for name, _, schema in TOOLS}
+
+
+# GGUF value types: the sizes of the fixed ones; 8 is a string, 9 an array
+_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+STRING, ARRAY = 8, 9
+
+
+def _skip_value(buf: bytes, pos: int, kind: int) -> int:
+    if kind == STRING:
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        return pos + 8 + n
+    if kind == ARRAY:
+        item, n = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if item in _SIZES:
+            return pos + n * _SIZES[item]
+        for _ in range(n):
+            pos = _skip_value(buf, pos, item)
+        return pos
+    return pos + _SIZES[kind]
+
+
+def _with_template(src: Path, dst: Path, template: str) -> None:
+    """A copy of the GGUF ``src`` whose chat template is ``template`` (its metadata
+    rewritten, its tensors copied as they are, at the same alignment)."""
+    buf = src.read_bytes()
+    magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
+    assert magic == b"GGUF" and version >= 2
+    pos, kvs, alignment = 24, [], 32
+    for _ in range(n_kv):
+        start = pos
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        key = buf[pos + 8 : pos + 8 + n].decode()
+        (kind,) = struct.unpack_from("<I", buf, pos + 8 + n)
+        pos = _skip_value(buf, pos + 12 + n, kind)
+        if key == "general.alignment":
+            (alignment,) = struct.unpack_from("<I", buf, pos - 4)
+        if key == "tokenizer.chat_template":
+            continue
+        kvs.append(buf[start:pos])
+    name, text = b"tokenizer.chat_template", template.encode()
+    kvs.append(struct.pack("<Q", len(name)) + name + struct.pack("<IQ", STRING, len(text)) + text)
+    infos = pos
+    for _ in range(n_tensors):
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        pos += 8 + n
+        (dims,) = struct.unpack_from("<I", buf, pos)
+        pos += 4 + 8 * dims + 4 + 8
+    data = -(-pos // alignment) * alignment
+    head = struct.pack("<4sIQQ", magic, version, n_tensors, len(kvs)) + b"".join(kvs) + buf[infos:pos]
+    head += b"\0" * (-len(head) % alignment)
+    dst.write_bytes(head + buf[data:])
 
 
 @pytest.fixture(scope="module")
@@ -388,3 +442,76 @@ def test_a_bad_tool_or_choice_is_a_400_saying_which(
         )
     body: Any = err.value.body
     assert body["param"] == param and says in body["message"], body
+
+
+QWEN25 = Path(__file__).parent.parent / "unit" / "llm" / "templates" / "qwen2.5-instruct.jinja"
+
+
+@pytest.fixture(scope="module")
+def hermes_server(tmp_path_factory: pytest.TempPathFactory, llm_repo: Path) -> Iterator[ServerProcess]:
+    """SmolLM2's weights with Qwen2.5's template, which has a call format of its own
+    (``<tool_call>{...}</tool_call>``)."""
+    repo = tmp_path_factory.mktemp("hermes")
+    (repo / "qsmol" / "1").mkdir(parents=True)
+    _with_template(
+        llm_repo / MODEL / "1" / "model.gguf", repo / "qsmol" / "1" / "model.gguf", QWEN25.read_text()
+    )
+    (repo / "qsmol" / "config.pbtxt").write_text('name: "qsmol"\nbackend: "llama_cpp"\n')
+    with ServerProcess(repo) as server:
+        yield server
+
+
+def test_a_template_with_a_call_format_renders_and_reads_its_own(hermes_server: ServerProcess) -> None:
+    """The tools go into the template's ``<tools>`` block, past calls into its
+    ``<tool_call>`` blocks; ``required`` is still held to the schema; ``auto`` answers in
+    the template's format, never showing a tag as content (the 135M model answers in
+    prose here: a call, when one comes, is parsed)."""
+    client = openai.OpenAI(
+        base_url=f"http://{hermes_server.http_url}/v1", api_key="x", max_retries=0, timeout=300
+    )
+    weather: Any = [_tool(*TOOLS[0])]
+    history: list[Any] = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "4 C"},
+        {"role": "assistant", "content": "It is 4 C in Oslo."},
+        {"role": "user", "content": "And in Paris?"},
+    ]
+    plain = client.chat.completions.create(model="qsmol", messages=history, max_tokens=1, temperature=0)
+    with_tools = client.chat.completions.create(
+        model="qsmol", messages=history, tools=weather, tool_choice="none", max_tokens=1, temperature=0
+    )
+    assert plain.usage is not None and with_tools.usage is not None
+    assert with_tools.usage.prompt_tokens == plain.usage.prompt_tokens  # none: no tools rendered
+    required = client.chat.completions.create(
+        model="qsmol", messages=history, tools=weather, tool_choice="required", max_tokens=80, temperature=0
+    )
+    calls = required.choices[0].message.tool_calls or []
+    assert required.choices[0].finish_reason == "tool_calls" and calls
+    for call in calls:
+        assert call.type == "function"
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_weather"])
+    assert required.usage is not None and required.usage.prompt_tokens > plain.usage.prompt_tokens + 50
+
+    async def auto() -> tuple[list[dict[str, Any]], str, str]:
+        url = f"http://{hermes_server.http_url}/v1"
+        async with openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=300) as aclient:
+            return await _streamed(
+                aclient, model="qsmol", messages=history, tools=weather, max_tokens=60, temperature=0
+            )
+
+    calls_, content, finish = asyncio.run(auto())
+    assert "<tool_call>" not in content
+    for c in calls_:
+        jsonschema.validate(json.loads(c["arguments"]), SCHEMAS["get_weather"])
+    assert finish == "tool_calls" if calls_ else finish in ("stop", "length")

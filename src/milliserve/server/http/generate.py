@@ -1,7 +1,8 @@
-"""Generation over HTTP: OpenAI's ``/v1/chat/completions``, ``/v1/completions`` and
-``/v1/models``, and Triton's generate extension (``/v2/models/{m}/generate`` and
-``/generate_stream``). Streams are Server-Sent Events (``data: {...}`` then, for OpenAI,
-``data: [DONE]``).
+"""Generation over HTTP: OpenAI's ``/v1/chat/completions`` (tools included),
+``/v1/completions``, ``/v1/responses`` and ``/v1/models``, and Triton's generate
+extension (``/v2/models/{m}/generate`` and ``/generate_stream``). Streams are
+Server-Sent Events (``data: {...}`` then, for OpenAI's chat and completions,
+``data: [DONE]``; the Responses API's events are named by ``event:`` lines).
 
 While a stream runs, a watcher reads the connection: a client that disconnects cancels
 its sequence at once (the engine frees it within one decoding step), not when the next
