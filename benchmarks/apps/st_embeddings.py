@@ -1,8 +1,12 @@
 """The embeddings peer users write themselves: sentence-transformers behind FastAPI +
 uvicorn, an OpenAI-style ``POST /v1/embeddings`` that encodes each request's texts in one
-``model.encode`` call (no batching across requests), torch on CPU.
+``model.encode`` call (no batching across requests), on CPU.
 
-    python benchmarks/apps/st_embeddings.py MODEL_DIR PORT [THREADS]
+    python benchmarks/apps/st_embeddings.py MODEL_DIR PORT [THREADS] [BACKEND]
+
+BACKEND: ``torch`` (default: eager PyTorch, THREADS torch threads) or ``onnx``
+(sentence-transformers' own ONNX Runtime backend, its documented CPU speed-up; MODEL_DIR is
+then a local ONNX export holding ``model.onnx``, loaded offline).
 """
 
 from __future__ import annotations
@@ -21,7 +25,16 @@ from pydantic import BaseModel
 from sentence_transformers import SentenceTransformer
 
 torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 2)
-model = SentenceTransformer(sys.argv[1], device="cpu")
+backend = sys.argv[4] if len(sys.argv) > 4 else "torch"
+if backend == "onnx":
+    model = SentenceTransformer(
+        sys.argv[1],
+        device="cpu",
+        backend="onnx",
+        model_kwargs={"file_name": "model.onnx", "provider": "CPUExecutionProvider"},
+    )
+else:
+    model = SentenceTransformer(sys.argv[1], device="cpu")
 app = FastAPI()
 
 

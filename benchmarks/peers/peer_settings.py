@@ -24,11 +24,13 @@ VERSIONS: dict[str, str] = {
     "nvidia-pytriton": "0.7.0",
     "infinity-emb": "0.0.78",
     "fastembed": "0.9.1",
-    "sentence-transformers": "6.2.0",
+    # its onnx extra needs optimum-onnx 0.1.0, which needs transformers<4.58; 6.x needs
+    # transformers 5: 5.7.0 is the newest whose ONNX backend installs
+    "sentence-transformers": "5.7.0",
     "torch": "2.13.0",
-    "onnxruntime": "1.30.0",
-    "fastapi": "0.142.2",
-    "uvicorn": "0.54.0",
+    "onnxruntime": "1.32.0",  # as milliserve's own venv
+    "fastapi": "0.165.0",
+    "uvicorn": "0.55.0",
 }
 
 
@@ -36,6 +38,10 @@ def pin(*names: str) -> list[str]:
     """``name==version`` for each peer package (a name with extras keeps them: ``a[b]``)."""
     return [f"{n}=={VERSIONS[n.split('[')[0]]}" for n in names]
 
+
+# the worker counts LitServe and BentoML run with, a row each: one, as every server has, and
+# one per vCPU of these 2-vCPU machines (their docs offer more workers for throughput)
+WORKERS_SWEPT = (1, 2)
 
 # every server: the same model, the same thread
 EVERYONE: Settings = {
@@ -73,13 +79,17 @@ LITSERVE: Settings = {
         "LitServe's seconds to wait for a batch to fill (the window every server gets)",
     ),
     "max_batch_size": ("32", "requests per batch (as every server)"),
-    "workers_per_device": ("1", "one inference worker, as the other peers have"),
+    "workers_per_device": (
+        "1 and 2 (rows of each)",
+        "inference worker processes: one, as the other peers have, and one per vCPU (its docs: "
+        "more workers per device raise throughput); ONNX Runtime has one thread in each",
+    ),
     "fast_queue": (
         "True",
         "ZeroMQ between the API server and the inference worker instead of multiprocessing "
         "queues: LitServer's docstring gives it for high throughput (over 100 requests/s, "
-        "which every load here is) and its production example sets it; an earlier run without "
-        "it measured LitServe below its best",
+        "which every load here is) and its production example sets it; the run at 7d0ed18 had "
+        "it off",
     ),
 }
 
@@ -94,7 +104,11 @@ BENTOML: Settings = {
         "request it could not have served in time",
     ),
     "max_batch_size": ("32", "requests per batch (as every server)"),
-    "workers": ("1", "one service worker, as the other peers have"),
+    "workers": (
+        "1 and 2 (rows of each)",
+        "service worker processes: one, as the other peers have, and one per vCPU (its docs offer "
+        '`workers="cpu_count"`, one per CPU, for CPU-bound services)',
+    ),
 }
 
 MILLISERVE: Settings = {

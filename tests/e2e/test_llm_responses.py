@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from milliserve.testing import ServerProcess
@@ -141,3 +142,15 @@ def test_stored_state_is_refused_with_a_400_saying_so(
         client.responses.create(model=MODEL, input="hi", max_output_tokens=4, **extra)
     body: Any = err.value.body
     assert body["param"] == param and "stateless" in body["message"]
+
+
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=12)
+    age: int = pydantic.Field(ge=0, le=120)
+
+
+def test_responses_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
+    out = client.responses.parse(
+        model=MODEL, input="Describe a person.", text_format=Person, max_output_tokens=60, temperature=0
+    )
+    assert isinstance(out.output_parsed, Person)

@@ -15,6 +15,7 @@ from typing import Any
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from milliserve.testing import ServerProcess
@@ -515,3 +516,26 @@ def test_a_template_with_a_call_format_renders_and_reads_its_own(hermes_server: 
     for c in calls_:
         jsonschema.validate(json.loads(c["arguments"]), SCHEMAS["get_weather"])
     assert finish == "tool_calls" if calls_ else finish in ("stop", "length")
+
+
+class GetWeather(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=20)
+    unit: str = pydantic.Field(pattern="^(C|F)$")
+
+
+def test_the_sdks_pydantic_tools_parse(llm_server: ServerProcess) -> None:
+    """``client.chat.completions.parse`` with ``openai.pydantic_function_tool``: strict
+    tools whose calls the SDK parses into the model."""
+    client = openai.OpenAI(
+        base_url=f"http://{llm_server.http_url}/v1", api_key="x", max_retries=0, timeout=300
+    )
+    out = client.chat.completions.parse(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[openai.pydantic_function_tool(GetWeather)],
+        tool_choice="required",
+        max_tokens=60,
+        temperature=0,
+    )
+    calls = out.choices[0].message.tool_calls or []
+    assert calls and all(isinstance(c.function.parsed_arguments, GetWeather) for c in calls)
