@@ -464,16 +464,20 @@ class Batcher:
         return limit
 
     def _take(self, batch: list[QueuedRequest], now: float) -> list[QueuedRequest]:
-        chosen = set(map(id, batch))
-        for i, q in enumerate(self._queues):
-            kept = deque(it for it in q if id(it) not in chosen and not it.future.done())
-            self._size -= len(q) - len(kept)
-            self._queues[i] = kept
+        if self._size:  # a lone request on an idle instance was never queued: nothing to take out
+            self._take_queued(batch)
         for it in batch:
             it.dispatched = now
             if it.timer is not None:
                 it.timer.cancel()
         return batch
+
+    def _take_queued(self, batch: list[QueuedRequest]) -> None:
+        chosen = set(map(id, batch))
+        for i, q in enumerate(self._queues):
+            kept = deque(it for it in q if id(it) not in chosen and not it.future.done())
+            self._size -= len(q) - len(kept)
+            self._queues[i] = kept
 
     async def close(self, drain: bool = True) -> None:
         """Stop taking requests; with ``drain``, finish every queued and running one first."""

@@ -36,6 +36,7 @@ import httptools
 
 from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE
 from milliserve.server.http.cycle import Cycle
+from milliserve.server.http.eager import eager_route, start_eager
 from milliserve.server.http.listener import Lingering, Listener
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ class HttpProtocol(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._expect_continue = False
+        self._body_size = -1  # Content-Length: -1 none, -2 chunked
+        self._deferred: Cycle | None = None  # started once its body is in (``_defer``)
         self._phase = _IDLE
         self._head_bytes = 0
         self._deadline = math.inf
@@ -203,6 +206,7 @@ class HttpProtocol(asyncio.Protocol):
         self._url = b""
         self._headers = []
         self._expect_continue = False
+        self._body_size = -1
         self._phase = _HEAD
         self._deadline = self.loop.time() + self._header_timeout
         if self._timer is None:
@@ -213,7 +217,11 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        if name == b"expect" and value.lower() == b"100-continue":
+        if name == b"content-length":
+            self._body_size = int(value) if value.isdigit() else -2
+        elif name == b"transfer-encoding":
+            self._body_size = -2
+        elif name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
         self._headers.append((name, value))
 
@@ -250,7 +258,10 @@ class HttpProtocol(asyncio.Protocol):
         previous = self.cycle
         self.cycle = cycle
         if previous is None or previous.complete:
-            self._start(cycle)
+            if self._defer():
+                self._deferred = cycle
+            else:
+                self._start(cycle)
         else:  # pipelined: answered in order, after the one before it
             self.pause_reading()
             self._pipeline.appendleft(cycle)
@@ -270,7 +281,12 @@ class HttpProtocol(asyncio.Protocol):
         if cycle is None:
             return
         cycle.more_body = False
-        cycle.wake()
+        if self._deferred is cycle:
+            self._deferred = None
+            self._phase = _BUSY  # the answer may come at once, inside _start
+            self._start(cycle)
+        else:
+            cycle.wake()
         if cycle.complete:
             # answered before the body was read (a 413, say): the connection is idle now
             self._set_idle()
@@ -279,11 +295,26 @@ class HttpProtocol(asyncio.Protocol):
             self._deadline = math.inf
 
     # ---- requests ----
+    def _defer(self) -> bool:
+        """Whether the request just parsed starts once its body is in rather than now: a
+        small body of known length, which mostly came with the head. Its application then
+        reads the body at once instead of waiting for it, and can answer inside this
+        callback (``_start``). A large, chunked or 100-continue body starts now, and its
+        application reads it as it comes."""
+        return 0 <= self._body_size <= _HIGH_WATER and not self._expect_continue
+
     def _start(self, cycle: Cycle) -> None:
-        task = self.loop.create_task(cycle.run(self.app))
+        coro = cycle.run(self.app)
+        if eager_route(cycle.scope):
+            task = start_eager(self.loop, coro)
+            if task is None:  # answered already: on_response_complete has run
+                return
+        else:
+            task = self.loop.create_task(coro)
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
-        self._running = (cycle, task)
+        if not cycle.complete:
+            self._running = (cycle, task)
 
     def on_response_complete(self, cycle: Cycle) -> None:
         """Called by ``cycle`` when its response is out."""
