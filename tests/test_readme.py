@@ -32,5 +32,7 @@ def test_main_job_runs_end_to_end(tmp_path: Path) -> None:
     ]
     assert all(s.p50_ms > 0 and s.p99_ms >= s.p50_ms and s.throughput > 0 for s in summaries)
     assert any("cosine" in line for line in lines)
+    # which variant of the sentiment model serves is said, and where the report is
+    assert any(line.startswith("sentiment_model: optimize shipped ") for line in lines)
     assert any(line.startswith("fraud pipeline over 51 transactions") for line in lines)
     assert any("-> positive" in line and "-> negative" in line for line in lines)

@@ -22,6 +22,7 @@ from milliserve.examples.build import EXAMPLES, OPTIONAL, build_examples
 from milliserve.examples.fraud import TRANSACTION
 from milliserve.examples.fraud_mlp import FEATURES
 from milliserve.examples.minilm import tokenizer_path
+from milliserve.examples.sentiment_pipeline import SentimentReport
 from milliserve.testing import ServerProcess
 
 __all__ = ["DEADLINE_MS", "LatencySummary", "require", "run_demo"]
@@ -115,7 +116,14 @@ def run_demo(repo: Path, requests: int = 300, log: Any = print) -> list[LatencyS
     from tokenizers import Tokenizer
 
     log(f"building the example repository in {repo} ...")
-    build_examples(repo, only=[n for n in EXAMPLES if n not in OPTIONAL])  # the tensor examples
+    built = build_examples(repo, only=[n for n in EXAMPLES if n not in OPTIONAL])  # the tensor examples
+    sentiment = built.get("sentiment")
+    if isinstance(sentiment, SentimentReport):  # which variant serves, and where it says why
+        log(
+            f"sentiment_model: optimize shipped {sentiment.shipped} (accuracy "
+            f"{sentiment.shipped_accuracy:.3f}, FP32 {sentiment.eval_accuracy:.3f}); "
+            f"why: {repo / 'sentiment_model' / 'report.md'}"
+        )
     summaries: list[LatencySummary] = []
     with ServerProcess(repo) as server:
         log(f"serving on http://{server.http_url} and grpc://{server.grpc_url}")
