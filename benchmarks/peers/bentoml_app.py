@@ -1,5 +1,6 @@
 """fraud_mlp on BentoML, OIP-shaped route (settings and why: peer_settings.py).
-MODEL=... MAX_BATCH=... MAX_LATENCY_MS=... bentoml serve bentoml_app:Fraud --port PORT --host 127.0.0.1"""
+MODEL=... MAX_BATCH=... MAX_LATENCY_MS=... [WORKERS=...] \
+    bentoml serve bentoml_app:Fraud --port PORT --host 127.0.0.1"""
 
 import os
 
@@ -12,7 +13,8 @@ MAX_LATENCY_MS = int(os.environ.get("MAX_LATENCY_MS", "2"))
 ROUTE = "/v2/models/fraud_mlp/infer"
 
 
-@bentoml.service(workers=1)
+# no line logged per request, as every server here
+@bentoml.service(workers=int(os.environ.get("WORKERS", "1")), logging={"access": {"enabled": False}})
 class Fraud:
     def __init__(self) -> None:
         so = ort.SessionOptions()

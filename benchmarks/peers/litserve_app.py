@@ -1,5 +1,5 @@
 """fraud_mlp on LitServe, OIP-shaped route (settings and why: peer_settings.py).
-python litserve_app.py MODEL PORT MAX_BATCH BATCH_TIMEOUT_S [FAST_QUEUE: True|False]"""
+python litserve_app.py MODEL PORT MAX_BATCH BATCH_TIMEOUT_S [FAST_QUEUE: True|False] [WORKERS]"""
 
 import sys
 
@@ -45,8 +45,11 @@ if __name__ == "__main__":
     timeout = float(sys.argv[4]) if batch > 1 else 0.0
     fast_queue = len(sys.argv) > 5 and sys.argv[5] == "True"  # ZeroMQ transport (needs pyzmq)
     api = FraudAPI(max_batch_size=batch, batch_timeout=timeout, api_path="/v2/models/fraud_mlp/infer")
-    ls.LitServer(api, accelerator="cpu", workers_per_device=1, fast_queue=fast_queue).run(
+    workers = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    ls.LitServer(api, accelerator="cpu", workers_per_device=workers, fast_queue=fast_queue).run(
         port=int(sys.argv[2]),
         host="127.0.0.1",
         generate_client_file=False,  # no client.py left in the tree
+        log_level="warning",  # as every server here: no line logged per request
+        access_log=False,
     )

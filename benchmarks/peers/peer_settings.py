@@ -91,6 +91,7 @@ LITSERVE: Settings = {
         "which every load here is) and its production example sets it; the run at 7d0ed18 had "
         "it off",
     ),
+    "access log": ("off", "no line logged per request (uvicorn's access log), as milliserve here"),
 }
 
 BENTOML: Settings = {
@@ -109,6 +110,7 @@ BENTOML: Settings = {
         "service worker processes: one, as the other peers have, and one per vCPU (its docs offer "
         '`workers="cpu_count"`, one per CPU, for CPU-bound services)',
     ),
+    "access log": ("off", "`logging.access.enabled: false`: no line logged per request, as milliserve here"),
 }
 
 MILLISERVE: Settings = {

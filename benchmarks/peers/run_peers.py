@@ -200,34 +200,43 @@ def main() -> None:
         targets[f"MLServer {version('mlserver')}, batching {on}"] = lambda port, b=batch: _mlserver(
             work, model, b, port
         )
-        targets[f"LitServe {version('litserve')}, batching {on}"] = lambda port, b=batch: process(
-            [
-                str(venv("litserve") / "python"),
-                str(HERE / "litserve_app.py"),
-                str(model),
-                str(port),
-                str(b),
-                lit["batch_timeout"][0],
-                lit["fast_queue"][0],
-            ],
-            cwd=HERE,
-        )
-        env = dict(
-            os.environ, MODEL=str(model), MAX_BATCH=str(batch), MAX_LATENCY_MS=bento["max_latency_ms"][0]
-        )
-        targets[f"BentoML {version('bentoml')}, batching {on}"] = lambda port, e=env: process(
-            [
-                str(venv("bentoml") / "bentoml"),
-                "serve",
-                "bentoml_app:Fraud",
-                "--port",
-                str(port),
-                "--host",
-                "127.0.0.1",
-            ],
-            cwd=HERE,
-            env=e,
-        )
+        for w in peer_settings.WORKERS_SWEPT:  # one worker (as every peer) and one per core
+            many = "" if w == 1 else f", {w} workers"
+            targets[f"LitServe {version('litserve')}, batching {on}{many}"] = lambda port, b=batch, w=w: (
+                process(
+                    [
+                        str(venv("litserve") / "python"),
+                        str(HERE / "litserve_app.py"),
+                        str(model),
+                        str(port),
+                        str(b),
+                        lit["batch_timeout"][0],
+                        lit["fast_queue"][0],
+                        str(w),
+                    ],
+                    cwd=HERE,
+                )
+            )
+            env = dict(
+                os.environ,
+                MODEL=str(model),
+                MAX_BATCH=str(batch),
+                MAX_LATENCY_MS=bento["max_latency_ms"][0],
+                WORKERS=str(w),
+            )
+            targets[f"BentoML {version('bentoml')}, batching {on}{many}"] = lambda port, e=env: process(
+                [
+                    str(venv("bentoml") / "bentoml"),
+                    "serve",
+                    "bentoml_app:Fraud",
+                    "--port",
+                    str(port),
+                    "--host",
+                    "127.0.0.1",
+                ],
+                cwd=HERE,
+                env=e,
+            )
     names = list(targets)
     results: dict[str, dict[int, list[dict]]] = {n: {1: [], 8: []} for n in targets}
     for r in range(args.rounds):
