@@ -23,6 +23,7 @@ from milliserve.examples.fraud import TRANSACTION
 from milliserve.examples.fraud_mlp import FEATURES
 from milliserve.examples.minilm import tokenizer_path
 from milliserve.examples.sentiment_pipeline import SentimentReport
+from milliserve.percentiles import percentiles
 from milliserve.testing import ServerProcess
 
 __all__ = ["DEADLINE_MS", "LatencySummary", "require", "run_demo"]
@@ -69,8 +70,8 @@ class LatencySummary:
     @classmethod
     def of(cls, name: str, samples_s: list[float], wall_s: float) -> LatencySummary:
         ms = np.asarray(samples_s) * 1e3
-        p50, p95, p99 = np.percentile(ms, [50, 95, 99])
-        return cls(name, len(ms), float(p50), float(p95), float(p99), len(ms) / wall_s)
+        p50, p95, p99 = percentiles(ms, [50, 95, 99])
+        return cls(name, len(ms), p50, p95, p99, len(ms) / wall_s)
 
 
 def _timed(fn: Any, n: int) -> tuple[list[float], float]:
