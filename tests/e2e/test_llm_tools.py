@@ -58,7 +58,11 @@ TOOLS: list[tuple[str, str, dict[str, Any]]] = [
     ),
     ("book_flight", "Book a flight", _object({"origin": S, "destination": S, "seats": N})),
     ("lookup_id", "Find an order", _object({"id": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"}})),
-    ("convert", "Convert money", _object({"amount": {"type": "number"}, "currency": {"const": "EUR"}})),
+    (
+        "convert",
+        "Convert money",
+        _object({"amount": {"type": "number", "minimum": 0, "maximum": 10000}, "currency": {"const": "EUR"}}),
+    ),
     (
         "answer",
         "Give an answer",
