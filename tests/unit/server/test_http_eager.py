@@ -1,5 +1,5 @@
 """A request that need not wait is answered inside the callback that completed it
-(server/http/eager.py, connection.py); one that waits is carried on by a task that relays
+(server/eager.py, server/http/connection.py); one that waits is carried on by a task that relays
 to its coroutine exactly what a task would: results, errors, cancellation."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from milliserve.server.eager import start_eager
 from milliserve.server.http.connection import HttpProtocol
-from milliserve.server.http.eager import start_eager
 from milliserve.server.http.listener import ConnectionLimits
 from milliserve.server.http.server import HttpServer
 

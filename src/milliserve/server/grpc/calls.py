@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from milliserve.errors import MilliserveError, RequestTooLargeError
 from milliserve.protocol.compression import ENCODINGS, decompress
+from milliserve.server.eager import start_eager
 from milliserve.server.grpc.frames import Stream
 from milliserve.server.grpc.hpack_decoder import literal
 from milliserve.server.grpc.http2 import Http2Protocol
@@ -134,7 +135,9 @@ class Call:
         self.ctx = ctx
         self.encoding = encoding
         self.unary = not method.streaming
-        self.task: asyncio.Task[None] | None = None
+        # the unary call's work (a done future when it finished inside the callback that
+        # received its message: server/eager.py), or the stream's
+        self.task: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.queue: asyncio.Queue[tuple[bytes, int] | None] | None = None
 
@@ -287,13 +290,24 @@ class Dispatcher:
                 self._fail_early(call, UNIMPLEMENTED, "a unary call with more than one request message")
                 return
             call.conn.consumed(call.stream, wire_bytes)
-            self._start(call, self._run_unary(call, message, compressed))
+            self._start(call, self._run_unary(call, message, compressed), eager=True)
         else:
             assert call.queue is not None and isinstance(message, bytes)  # only unary ones are handed over
             call.queue.put_nowait((message, wire_bytes if not compressed else -wire_bytes - 1))
 
-    def _start(self, call: Call, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+    def _start(self, call: Call, coro: Any, eager: bool = False) -> None:
+        """Run a call's coroutine as a task; ``eager``: step it now, and make the task only
+        if it has to wait (``server/eager.py``: a ModelInfer on a microsecond model answers
+        before the frames that brought it are all parsed)."""
+        loop = asyncio.get_running_loop()
+        if eager:
+            task = start_eager(loop, coro)
+            if task is None:
+                done = call.task = loop.create_future()
+                done.set_result(None)
+                return
+        else:
+            task = loop.create_task(coro)
         call.task = task
         self.running.add(task)
         task.add_done_callback(self.running.discard)

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httptools
 
+from milliserve.server.eager import eager_route, start_eager
 from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE
 from milliserve.server.http.cycle import Cycle
-from milliserve.server.http.eager import eager_route, start_eager
 from milliserve.server.http.listener import Lingering, Listener
 
 if TYPE_CHECKING:
