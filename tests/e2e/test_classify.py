@@ -48,11 +48,16 @@ def test_classify_matches_the_pipeline(server: ServerProcess) -> None:
         assert got["positive"] == pytest.approx(p[1], abs=1e-6)
         assert row[0]["score"] >= row[1]["score"]
     assert doc["data"][0][0]["label"] == "positive" and doc["data"][1][0]["label"] == "negative"
+    # one text alone: its INT8 model scales activations over the batch, so its score moves a
+    # little with its batch mates (docs/design.md); the label stays
     top = _post(server, "/classify", {"model": "sentiment", "input": TEXTS[0], "top_k": 1}).json()
-    assert top["data"] == [doc["data"][0][:1]]
+    assert [x["label"] for x in top["data"][0]] == ["positive"]
+    assert top["data"][0][0]["score"] == pytest.approx(doc["data"][0][0]["score"], abs=0.05)
     # the sentiment model applies its softmax in its graph: raw scores are the same numbers
     raw = _post(server, "/v1/classify", {"model": "sentiment", "input": TEXTS, "raw_scores": True}).json()
-    assert raw["data"] == doc["data"]
+    for raw_row, row in zip(raw["data"], doc["data"], strict=True):
+        assert [x["label"] for x in raw_row] == [x["label"] for x in row]
+        assert [x["score"] for x in raw_row] == pytest.approx([x["score"] for x in row], abs=1e-6)
 
 
 def test_predict_tei_shapes(server: ServerProcess) -> None:
@@ -61,7 +66,8 @@ def test_predict_tei_shapes(server: ServerProcess) -> None:
     single = one.json()
     assert [x["label"] for x in single] == ["positive", "negative"]
     batch = _post(server, "/predict", {"model": "sentiment", "inputs": [[t] for t in TEXTS]}).json()
-    assert len(batch) == len(TEXTS) and batch[0] == single
+    assert len(batch) == len(TEXTS) and [x["label"] for x in batch[0]] == ["positive", "negative"]
+    assert [x["label"] for x in batch[1]] == ["negative", "positive"]
     # a pair is refused in TEI's error shape
     pair = _post(server, "/predict", {"model": "sentiment", "inputs": TEXTS[:2]})
     assert pair.status_code == 400 and "pair" in pair.json()["error"]
