@@ -85,9 +85,10 @@ def test_cohere_shape_scores_match_onnxruntime(server: ServerProcess, session: A
     assert doc["model"] == "minilm_rerank" and "server-timing" in r.headers
     # the model's sentiment, not chance: the most positive tweets outrank the most negative
     assert got[0] > got[1] and got[2] > got[3]
-    top = _post(server, "/rerank", {**body, "top_n": 2, "return_documents": False}).json()
-    assert [x["index"] for x in top["results"]] == [x["index"] for x in doc["results"][:2]]
-    assert "document" not in top["results"][0]
+    for path in ("/rerank", "/v2/rerank"):  # infinity's and Cohere's v2 paths
+        top = _post(server, path, {**body, "top_n": 2, "return_documents": False}).json()
+        assert [x["index"] for x in top["results"]] == [x["index"] for x in doc["results"][:2]]
+        assert "document" not in top["results"][0]
 
 
 def test_tei_shape_raw_scores(server: ServerProcess, session: Any) -> None:

@@ -83,9 +83,10 @@ class HttpApp:
         self.generate = GenerateRoutes(dataplane, self._read_body)
         self.embeddings = EmbeddingsRoute(dataplane, self._read_body)
         rerank, classify = RerankRoute(dataplane, self._read_body), ClassifyRoute(dataplane, self._read_body)
-        # encoder routes in OpenAI's, Cohere's, infinity's and TEI's spellings
+        # encoder routes in OpenAI's, Cohere's (v1 and v2), infinity's and TEI's spellings
         self.encoder_routes: dict[str, JsonRoute] = {
             "v1/rerank": rerank,
+            "v2/rerank": rerank,
             "rerank": rerank,
             "v1/classify": classify,
             "classify": classify,

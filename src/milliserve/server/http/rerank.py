@@ -1,5 +1,5 @@
-"""``POST /v1/rerank`` and ``/rerank``: a query and documents scored by a cross-encoder
-(``runtime/scoring.py``), answered sorted by relevance.
+"""``POST /v1/rerank``, ``/v2/rerank`` (Cohere's v2 path) and ``/rerank``: a query and
+documents scored by a cross-encoder (``runtime/scoring.py``), answered sorted by relevance.
 
 Two request shapes, told apart by their fields:
 
