@@ -3,8 +3,8 @@ batch: a cross-encoder's relevance logit through a sigmoid (0..1), a classifier'
 through a softmax, or left as they are.
 
 With a pair tokenizer, a cross-encoder model and this step, a pipeline is a reranker
-(``runtime/rerank.py``); with a tokenizer, a classifier and a ``rules`` step naming the
-labels, a classifier (``runtime/classify.py``). A request with the parameter ``raw_scores``
+(``runtime/scoring.py``); a classifier's logits through a softmax step, labelled by a
+``rules`` step, make a classifier. A request with the parameter ``raw_scores``
 true gets the model's scores untouched (TEI's and infinity's ``raw_scores``).
 
 Like pooling, it also counts each row's attended tokens (the usage of ``/v1/rerank``).
