@@ -127,6 +127,19 @@ async def test_pipelined_requests_in_one_read_are_answered_in_order() -> None:
 
 
 @in_loop
+async def test_a_long_pipeline_answered_without_waiting_does_not_recurse() -> None:
+    # the first request waits; the 2,000 behind it each answer at once when started
+    _, conn, transport = connect(echo)
+    conn.data_received(post(b"/wait", b"first") + post(b"/now", b"x") * 2000)
+    for _ in range(10000):
+        if len(transport.out) == 2001:
+            break
+        await asyncio.sleep(0)
+    assert len(transport.out) == 2001 and transport.out[-1].endswith(b"X")
+    conn.connection_lost(None)
+
+
+@in_loop
 async def test_a_chunked_body_is_read_as_it_comes() -> None:
     _, conn, transport = connect(echo)
     head = b"POST /now HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"

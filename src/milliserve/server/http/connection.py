@@ -303,9 +303,12 @@ class HttpProtocol(asyncio.Protocol):
         application reads it as it comes."""
         return 0 <= self._body_size <= _HIGH_WATER and not self._expect_continue
 
-    def _start(self, cycle: Cycle) -> None:
+    def _start(self, cycle: Cycle, eager: bool = True) -> None:
+        """Run ``cycle``'s application: at once where it may (``eager``), else as a task. A
+        pipelined request starts as a task: started at once from the end of the one before
+        it, a chain of them answered without waiting would recurse once per request."""
         coro = cycle.run(self.app)
-        if eager_route(cycle.scope):
+        if eager and eager_route(cycle.scope):
             task = start_eager(self.loop, coro)
             if task is None:  # answered already: on_response_complete has run
                 return
@@ -326,7 +329,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         self.resume_reading()
         if self._pipeline:
-            self._start(self._pipeline.pop())
+            self._start(self._pipeline.pop(), eager=False)
         elif self._phase == _BUSY:
             self._set_idle()
 
