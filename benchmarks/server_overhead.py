@@ -8,8 +8,9 @@ The floor: ``apps/floor.py`` (HTTP/1.1 on uvloop + httptools, ONNX Runtime calle
 parser's callback) and ``apps/grpc_floor.py`` (grpcio's sync server, one generic handler).
 
 ``milliserve (JSON, tracing on)`` is the default server exporting OpenTelemetry spans over
-OTLP/HTTP (``--otlp-endpoint``) to a sink in this process that answers 200 to every export:
-the cost of tracing every request. ``--quick``: one round of 1 s, printed, not written.
+OTLP/HTTP (``--otlp-endpoint``, the default sampler: 1% of requests without a traceparent)
+to a sink in this process that answers 200 to every export; ``tracing every request`` is
+the same with ``--trace-sample-ratio 1``. ``--quick``: one round of 1 s, printed, not written.
 
 Needs ``wrk`` (Debian package) and ``granian`` (pip) besides the test extra.
 Every server runs at once; wrk drives them in turn,
@@ -51,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 APPS = Path(__file__).resolve().parent / "apps"
 URL_PATH = "/v2/models/fraud_mlp/infer"
 FLOOR = "floor: bare protocol + ONNX Runtime (JSON)"
+TRACED = "milliserve (JSON, tracing on)"
 FLOOR_BIN = "floor: bare protocol + ONNX Runtime (binary)"
 FLOOR_PA_HTTP = "floor HTTP (binary tensors)"
 FLOOR_PA_GRPC = "floor gRPC (grpcio sync, generic handler)"
@@ -324,7 +326,9 @@ def main() -> None:
         targets.append(Target("milliserve (JSON, cpu_affinity off)", plain.http_port, json_body, json_h))
         sink = stack.enter_context(otlp_sink())
         traced = stack.enter_context(ServerProcess(repo, "--otlp-endpoint", sink))
-        targets.append(Target("milliserve (JSON, tracing on)", traced.http_port, json_body, json_h))
+        targets.append(Target(TRACED, traced.http_port, json_body, json_h))
+        every = stack.enter_context(ServerProcess(repo, "--otlp-endpoint", sink, "--trace-sample-ratio", "1"))
+        targets.append(Target("milliserve (JSON, tracing every request)", every.http_port, json_body, json_h))
         base_port = free_port()
         stack.enter_context(
             process([sys.executable, str(APPS / "fastapi_baseline.py"), str(model), str(base_port)])
@@ -482,6 +486,13 @@ def main() -> None:
             f"| {road} | {p50_x:.2f}× ({'met' if p50_x <= 1.5 else 'not met'}) | "
             f"{rps_x:.2f}× ({'met' if rps_x >= 0.8 else 'not met'}) |"
         )
+    trace_p99 = {c: med(TRACED, c, "p99_us") / med("milliserve (JSON)", c, "p99_us") for c in levels}
+    lines += [
+        "",
+        "Tracing on (default sampler) against off, p99: "
+        + ", ".join(f"{c} connection(s) {x:.2f}×" for c, x in trace_p99.items())
+        + f" (goal ≤ 1.2×: {'met' if max(trace_p99.values()) <= 1.2 else 'not met'}).",
+    ]
     p50_ratio = med("milliserve (JSON)", 1, "p50_us") / med(base, 1, "p50_us")
     rps_ratio = med("milliserve (JSON)", 8, "rps") / med(base, 8, "rps")
     lines += [
@@ -501,9 +512,11 @@ def main() -> None:
         "default for models slower than half a thread hand-off per batch).",
         "- `cpu_affinity off`: without the default placement of the event loop (and of "
         "microsecond models' workers) on one CPU.",
-        "- `tracing on`: the default server with `--otlp-endpoint`, every request traced (a SERVER "
-        "span, the model's, its stages') and exported over OTLP/HTTP to a sink that answers 200; "
-        "off (every other row), a request pays one branch for tracing.",
+        "- `tracing on`: the default server with `--otlp-endpoint` and the default sampler (a "
+        "caller's traceparent decides; 1% of the requests without one are traced: a SERVER span, "
+        "the model's, its stages'), exported over OTLP/HTTP to a sink that answers 200; `tracing "
+        "every request`: the same with `--trace-sample-ratio 1`. Off (every other row), a request "
+        "pays one branch for tracing.",
         "- The stack probes serve the same route with the model called inline and nothing else, "
         "to choose the HTTP stack by measurement; the baseline is FastAPI with pydantic models.",
         "",

@@ -139,7 +139,10 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture(scope="module")
 def traced(example_repo: Path, receiver: Receiver) -> Iterator[ServerProcess]:
     env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "milliserve-test"}
-    with ServerProcess(example_repo, "--otlp-endpoint", receiver.url, env=env) as server:
+    # every request without a traceparent traced (the default traces 1% of them)
+    with ServerProcess(
+        example_repo, "--otlp-endpoint", receiver.url, "--trace-sample-ratio", "1", env=env
+    ) as server:
         yield server
 
 
@@ -241,7 +244,8 @@ def test_generation_spans_carry_ttft_and_tokens(llm_repo: Path, receiver: Receiv
     import openai
 
     env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "50"}
-    with ServerProcess(llm_repo, "--otlp-endpoint", receiver.url, env=env) as server:
+    flags = ("--otlp-endpoint", receiver.url, "--trace-sample-ratio", "1")
+    with ServerProcess(llm_repo, *flags, env=env) as server:
         client = openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0)
         messages: Any = [{"role": "user", "content": "Say hi"}]
         client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4)
@@ -270,3 +274,24 @@ def test_a_caller_that_does_not_sample_gets_no_spans(traced: ServerProcess, rece
     receiver.trace("POST /v2/models/{model_name}/infer", {})  # exports arrive in order
     wait_until(lambda: any(s["trace"] == marker for s in receiver.spans), 30, "the sampled request's spans")
     assert not any(s["trace"] == unsampled for s in receiver.spans)  # parent-based sampling
+
+
+def test_the_ratio_samples_requests_without_a_caller_and_a_callers_decision_is_followed(
+    example_repo: Path, receiver: Receiver
+) -> None:
+    env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "milliserve-ratio"}
+    env.pop("OTEL_TRACES_SAMPLER", None)
+    body = {"inputs": [{"name": "features", "shape": [1, 64], "datatype": "FP32", "data": _features()}]}
+    flags = ("--otlp-endpoint", receiver.url, "--trace-sample-ratio", "0")
+    with ServerProcess(example_repo, *flags, env=env) as server:
+        url = f"http://{server.http_url}/v2/models/fraud_mlp/infer"
+        for _ in range(20):
+            assert httpx.post(url, json=body).is_success  # no traceparent: the ratio, 0
+        marker = "22222222222222222222222222222222"
+        sampled = {"traceparent": f"00-{marker}-b7ad6b7169203331-01"}
+        assert httpx.post(url, json=body, headers=sampled).is_success
+        wait_until(
+            lambda: any(s["trace"] == marker for s in receiver.spans), 30, "the sampled request's spans"
+        )
+        # exports arrive in order: the parentless requests before it made none
+        assert {s["trace"] for s in receiver.spans if s["service"] == "milliserve-ratio"} == {marker}

@@ -321,6 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="export OpenTelemetry traces per stage over OTLP/HTTP to URL (a collector's base URL, "
         "as OTEL_EXPORTER_OTLP_ENDPOINT; default off)",
     )
+    s.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        default=None,
+        metavar="R",
+        help="with --otlp-endpoint: the share of requests traced that bring no traceparent "
+        "(default 0.01; a caller's sampled flag is always followed; OTEL_TRACES_SAMPLER replaces it)",
+    )
     s.set_defaults(func=_serve)
 
     e = sub.add_parser("examples", help="example model repository")

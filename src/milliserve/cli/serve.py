@@ -40,6 +40,7 @@ _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "edge": ("edge", "dir"),
     "workers": ("workers",),
     "otlp_endpoint": ("tracing", "otlp_endpoint"),
+    "trace_sample_ratio": ("tracing", "sample_ratio"),
 }
 
 

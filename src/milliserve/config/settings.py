@@ -236,6 +236,9 @@ class TracingSettings(BaseModel):
     service_name: str = Field(default_factory=lambda: os.environ.get("OTEL_SERVICE_NAME") or "milliserve")
     # how long one export may take before the batch is dropped (the SDK retries with backoff)
     export_timeout_s: float = Field(10.0, gt=0)
+    # the share of requests traced that bring no caller's decision (a traceparent's sampled
+    # flag is always followed); OpenTelemetry's OTEL_TRACES_SAMPLER, when set, replaces this
+    sample_ratio: float = Field(0.01, ge=0.0, le=1.0)
 
     @field_validator("otlp_endpoint", "traces_endpoint")
     @classmethod

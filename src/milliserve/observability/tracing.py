@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -35,7 +36,15 @@ from milliserve.road import SpanLog
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.status import status_of
 
-__all__ = ["RequestTrace", "TracedDataPlane", "TracedHttp", "Tracing", "note_generation"]
+__all__ = [
+    "DEFAULT_SAMPLE_RATIO",
+    "RequestTrace",
+    "Sampled",
+    "TracedDataPlane",
+    "TracedHttp",
+    "Tracing",
+    "note_generation",
+]
 
 
 class _OncePerMinute(logging.Filter):
@@ -70,6 +79,13 @@ _CURRENT: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
     "milliserve_trace", default=None
 )
 
+# the share of requests traced that bring no caller's decision, unless OTEL_TRACES_SAMPLER
+# says otherwise: every request's spans cost the loop about 30 µs to build, and the exporter's
+# thread encodes them in Python, taking the GIL from the loop (at thousands of requests a
+# second, every request sampled made the median 40x; benchmarks/server_overhead.py)
+DEFAULT_SAMPLE_RATIO = 0.01
+_PROPAGATED = frozenset(("traceparent", "tracestate"))
+
 _GRPC_ERRORS = {"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"}
 _GRPC_CODES = {
     "OK": 0,
@@ -99,10 +115,22 @@ class RequestTrace:
     ended (the front end's parse and serialize fall outside them)."""
 
     start: float
+    sampled: Sampled
     log: SpanLog = field(default_factory=SpanLog)
     first: float | None = None
     last: float | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class Sampled:
+    """The sampler's yes for one request, taken when it arrives: its trace, its caller's
+    span (None: it starts the trace), and what the sampler adds (trace state, attributes)."""
+
+    trace_id: int
+    parent: Any
+    trace_state: Any
+    attributes: Any
 
 
 def note_generation(
@@ -191,7 +219,13 @@ class Tracing:
     """Spans from finished requests, exported to ``endpoint`` (an OTLP/HTTP collector's
     traces URL) by the OpenTelemetry SDK's batch processor."""
 
-    def __init__(self, endpoint: str, service_name: str = "milliserve", timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        service_name: str = "milliserve",
+        timeout_s: float = 10.0,
+        sample_ratio: float = DEFAULT_SAMPLE_RATIO,
+    ) -> None:
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -203,9 +237,10 @@ class Tracing:
 
         self.endpoint = endpoint
         resource = Resource.create({"service.name": service_name, "service.version": __version__})
-        # the provider holds the sampler (OTEL_TRACES_SAMPLER, parent-based by default) and
-        # the batch processor, whose thread encodes and sends the spans
-        self.provider = TracerProvider(resource=resource)
+        # the provider holds the sampler and the batch processor, whose thread encodes and
+        # sends the spans. The sampler: OTEL_TRACES_SAMPLER when set; else a caller's
+        # decision (traceparent), and ``sample_ratio`` of the requests that bring none
+        self.provider = TracerProvider(resource=resource, sampler=_sampler(sample_ratio))
         self.processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s))
         self.provider.add_span_processor(self.processor)
         self._resource = resource
@@ -226,44 +261,52 @@ class Tracing:
         self.provider.shutdown()
 
     # ---- spans ----
+    def decide(self, name: str, kind: str, carrier: dict[str, str]) -> Sampled | None:
+        """Whether the request arriving now is traced (the sampler decides once, before any
+        of its work, so that a request that is not pays nothing for tracing): its trace and
+        parent when it is, None when not. ``carrier``: its ``traceparent`` and
+        ``tracestate``, if it sent them."""
+        from opentelemetry.trace import SpanKind
+
+        context = self._propagator.extract(carrier) if carrier else None
+        parent = self._api.get_current_span(context).get_span_context() if context is not None else None
+        parent_ctx = parent if parent is not None and parent.is_valid else None
+        trace_id = parent_ctx.trace_id if parent_ctx is not None else self._ids.generate_trace_id()
+        sampled = self.provider.sampler.should_sample(context, trace_id, name, SpanKind[kind])
+        if not sampled.decision.is_sampled():  # type: ignore[no-untyped-call]
+            return None
+        return Sampled(trace_id, parent_ctx, sampled.trace_state, sampled.attributes)
+
     def export(
         self,
         name: str,
         kind: str,
-        carrier: dict[str, str],
         trace: RequestTrace,
         end: float,
         error: str | None,
         serialized: float | None = None,
     ) -> None:
-        """The request's SERVER span (``name``, child of the ``traceparent`` in ``carrier``)
-        and everything its road recorded, below it. ``serialized``: when the answer was
-        encoded (the front end's parse and serialize spans lie around the servables').
+        """The request's SERVER span (``name``, child of its caller's span) and everything
+        its road recorded, below it. ``serialized``: when the answer was encoded (the front
+        end's parse and serialize spans lie around the servables').
 
         The spans are finished when they are made (their times were recorded on the road),
         so they are written as the SDK's finished spans (``ReadableSpan``) and handed to its
-        batch processor directly: the sampler decides once per request, and no live span,
-        lock or context is made per stage (a few µs a span instead of tens)."""
+        batch processor directly: no live span, lock or context is made per stage (a few µs
+        a span instead of tens)."""
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-        api = self._api
-        context = self._propagator.extract(carrier)
-        parent = api.get_current_span(context).get_span_context()
-        parent_ctx = parent if parent.is_valid else None
-        trace_id = parent.trace_id if parent_ctx is not None else self._ids.generate_trace_id()
-        span_kind = SpanKind[kind]
-        sampled = self.provider.sampler.should_sample(context, trace_id, name, span_kind, trace.attributes)
-        if not sampled.decision.is_sampled():  # type: ignore[no-untyped-call]
-            return
+        decision = trace.sampled
+        trace_id, parent_ctx, span_kind = decision.trace_id, decision.parent, SpanKind[kind]
         flags = TraceFlags(TraceFlags.SAMPLED)
-        state = sampled.trace_state
+        state = decision.trace_state
 
         def ctx() -> Any:
             return SpanContext(trace_id, self._ids.generate_span_id(), False, flags, state)
 
         make, scope, resource, ns = self._readable, self._scope, self._resource, self._ns
         root_ctx = ctx()
-        attributes = {**trace.attributes, **(sampled.attributes or {})}
+        attributes = {**trace.attributes, **(decision.attributes or {})}
         status = Status(StatusCode.ERROR, error) if error is not None else Status(StatusCode.UNSET)
         spans = [
             make(
@@ -343,7 +386,11 @@ class Tracing:
         service, _, rpc = method.rpartition("/")
 
         async def traced(req: Any, ctx: Any) -> Any:
-            trace = RequestTrace(time.perf_counter())
+            start = time.perf_counter()
+            decision = self.decide(method, "SERVER", _carrier(_metadata(ctx)))
+            if decision is None:
+                return await handler(req, ctx)
+            trace = RequestTrace(start, decision)
             trace.attributes.update({"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc})
             token = _CURRENT.set(trace)
             code, error = "OK", None
@@ -356,10 +403,24 @@ class Tracing:
             finally:
                 _CURRENT.reset(token)
                 trace.attributes["rpc.grpc.status_code"] = _GRPC_CODES.get(code, 2)
-                carrier = {k.lower(): v for k, v in _metadata(ctx)}
-                self.export(method, "SERVER", carrier, trace, time.perf_counter(), error)
+                self.export(method, "SERVER", trace, time.perf_counter(), error)
 
         return traced
+
+
+def _carrier(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """What the W3C propagator reads of a request's headers or metadata."""
+    return {k.lower(): v for k, v in pairs if k.lower() in _PROPAGATED}
+
+
+def _sampler(ratio: float) -> Any:
+    """OTEL_TRACES_SAMPLER's sampler when it is set (None: the SDK reads it), else the
+    caller's decision, and ``ratio`` of the requests that bring none."""
+    if os.environ.get("OTEL_TRACES_SAMPLER"):
+        return None
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    return ParentBased(TraceIdRatioBased(ratio))
 
 
 def _metadata(ctx: Any) -> Iterable[tuple[str, str]]:
@@ -382,7 +443,16 @@ class TracedHttp:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        trace = RequestTrace(time.perf_counter())
+        start = time.perf_counter()
+        method, path = scope.get("method", ""), scope.get("path", "")
+        route = _route(path)
+        name = f"{method} {route}" if route else method
+        carrier = _carrier((k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ()))
+        decision = self.tracing.decide(name, "SERVER", carrier)
+        if decision is None:
+            await self.app(scope, receive, send)
+            return
+        trace = RequestTrace(start, decision)
         status = 0
         answered: float | None = None
 
@@ -423,6 +493,5 @@ class TracedHttp:
         attributes["network.protocol.version"] = scope.get("http_version", "1.1")
         if status >= 500 and error is None:
             error = f"HTTP {status}"
-        carrier = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         name = f"{method} {route}" if route else method
-        self.tracing.export(name, "SERVER", carrier, trace, time.perf_counter(), error, answered)
+        self.tracing.export(name, "SERVER", trace, time.perf_counter(), error, answered)

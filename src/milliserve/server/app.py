@@ -87,12 +87,9 @@ class Server:
         )
         # OpenTelemetry traces (off unless an OTLP endpoint is set): the data plane that
         # records spans, the HTTP app and gRPC's ModelInfer wrapped; nothing otherwise
-        traces = settings.tracing.traces_url()
-        self.tracing = (
-            Tracing(traces, settings.tracing.service_name, settings.tracing.export_timeout_s)
-            if traces
-            else None
-        )
+        t = settings.tracing
+        traces = t.traces_url()
+        self.tracing = Tracing(traces, t.service_name, t.export_timeout_s, t.sample_ratio) if traces else None
         control = settings.model_control_mode == "explicit"
         self.dataplane = (
             DataPlane(self.registry, control, settings.strict_readiness)
