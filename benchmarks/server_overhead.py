@@ -45,6 +45,7 @@ from bench_vs_perf_analyzer import pa_level, perf_analyzer
 from report_sections import commit, write_section
 
 from milliserve.examples.fraud_mlp import FEATURES, build_fraud_mlp
+from milliserve.percentiles import percentile
 from milliserve.runtime.executor import InstanceWorker
 from milliserve.testing import ServerProcess, free_port
 
@@ -171,8 +172,8 @@ def raw_onnxruntime(model: Path) -> dict[str, float]:
             t0 = time.perf_counter()
             s.run(None, {"features": x})
             samples.append(time.perf_counter() - t0)
-        out[f"b{batch}_p50"] = float(np.percentile(samples, 50) * 1e6)
-        out[f"b{batch}_p99"] = float(np.percentile(samples, 99) * 1e6)
+        out[f"b{batch}_p50"] = percentile(samples, 50) * 1e6
+        out[f"b{batch}_p99"] = percentile(samples, 99) * 1e6
     return out
 
 
@@ -199,7 +200,7 @@ def handoff_cost(model: Path) -> dict[str, float]:
                 direct.append(t1 - t0)
                 handed.append(t2 - t1)
         worker.close()
-        return {"direct": float(np.median(direct) * 1e6), "worker": float(np.median(handed) * 1e6)}
+        return {"direct": percentile(direct, 50) * 1e6, "worker": percentile(handed, 50) * 1e6}
 
     return uvloop.run(measure())
 
@@ -335,8 +336,9 @@ def main() -> None:
         )
         targets.append(Target("FastAPI + uvicorn baseline", base_port, json_body, json_h))
         probes = ["raw-uvicorn", "starlette-uvicorn", "raw-granian"]
-        if args.quick and importlib.util.find_spec("granian") is None:
-            probes.remove("raw-granian")  # a quick check of the script runs without it
+        if importlib.util.find_spec("granian") is None:
+            print("granian is not installed: no raw-granian probe in this run", flush=True)
+            probes.remove("raw-granian")
         for stack_name in probes:
             port = free_port()
             stack.enter_context(
