@@ -73,11 +73,18 @@ def st() -> Any:
 
 
 def _st_with(pooling: str, normalize: bool) -> Any:
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
 
-    word = models.Transformer(str(minilm_dir()), max_seq_length=256)
-    modules = [word, models.Pooling(384, pooling_mode=pooling)]
-    return SentenceTransformer(modules=[*modules, *([models.Normalize()] if normalize else [])], device="cpu")
+    try:  # where sentence-transformers 6 keeps them (its old `models` path warns)
+        from sentence_transformers.base.modules.normalize import Normalize
+        from sentence_transformers.base.modules.transformer import Transformer
+        from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+    except ImportError:  # sentence-transformers 5
+        from sentence_transformers.models import Normalize, Pooling, Transformer
+
+    word = Transformer(str(minilm_dir()), max_seq_length=256)
+    modules = [word, Pooling(384, pooling_mode=pooling)]
+    return SentenceTransformer(modules=[*modules, *([Normalize()] if normalize else [])], device="cpu")
 
 
 def _cos(a: Any, b: Any) -> np.ndarray[Any, Any]:
