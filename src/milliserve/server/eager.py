@@ -45,34 +45,52 @@ def eager_route(scope: dict[str, Any]) -> bool:
     return not (path.startswith(_GENERATION_PREFIXES) or path.endswith(_GENERATION_SUFFIXES))
 
 
-class Resume:
-    """The rest of a coroutine that ran up to its first suspension, which yielded ``first``."""
+_SENT = object()
+
+
+class Resume(Coroutine[Any, Any, None]):
+    """The rest of a coroutine that ran up to its first suspension, which yielded ``first``:
+    a coroutine itself, which a task drives as it would have driven ``coro``. Its first
+    ``send`` hands the task ``first``; a ``throw`` before that (the task cancelled before its
+    first step: a client gone at once) cancels ``first``, as a task cancels the future it
+    waits on, and throws into ``coro``, so that its ``finally`` and ``except`` run (a batcher
+    gets back the instance it holds). A wrapper coroutine would be cancelled before it ever
+    reached ``coro``, leaving it suspended for good."""
 
     __slots__ = ("coro", "first")
 
     def __init__(self, coro: Coroutine[Any, Any, None], first: Any) -> None:
         self.coro, self.first = coro, first
 
+    def send(self, value: Any) -> Any:
+        first = self.first
+        if first is not _SENT:
+            self.first = _SENT
+            return first
+        return self.coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        first = self.first
+        if first is not _SENT:
+            self.first = _SENT
+            if isinstance(first, asyncio.Future):
+                first.cancel()
+        if val is None and tb is None:
+            return self.coro.throw(typ)
+        return self.coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self.first = _SENT
+        self.coro.close()
+
     def __await__(self) -> Generator[Any, Any, None]:
-        coro, value = self.coro, self.first
-        self.first = None
-        while True:
-            try:
-                sent = yield value
-            except BaseException as exc:  # a cancellation, or the waited future's error
-                try:
-                    value = coro.throw(exc)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration:
-                    return
+        return self
 
+    def __iter__(self) -> Resume:
+        return self
 
-async def _finish(rest: Resume) -> None:
-    await rest
+    def __next__(self) -> Any:
+        return self.send(None)
 
 
 def start_eager(
@@ -88,4 +106,4 @@ def start_eager(
         first = context.run(coro.send, None)
     except StopIteration:
         return None
-    return loop.create_task(_finish(Resume(coro, first)), context=context)
+    return loop.create_task(Resume(coro, first), context=context)

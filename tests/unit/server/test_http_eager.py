@@ -199,6 +199,31 @@ async def test_the_rest_of_an_eager_coroutine_gets_results_errors_and_cancellati
 
 
 @in_loop
+async def test_a_task_cancelled_before_its_first_step_still_unwinds_the_coroutine() -> None:
+    # a client gone at once: its request's task is cancelled before it ever ran; the
+    # coroutine must still see the cancellation (a batcher gives back the instance it holds)
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+
+    async def holds(future: asyncio.Future[int]) -> None:
+        try:
+            await future
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        finally:
+            seen.append("released")
+
+    future: asyncio.Future[int] = loop.create_future()
+    task = start_eager(loop, holds(future))
+    assert task is not None
+    task.cancel()  # before the loop gave it its first step
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == ["cancelled", "released"] and future.cancelled()
+
+
+@in_loop
 async def test_a_coroutine_that_never_waits_makes_no_task() -> None:
     done: list[int] = []
 
