@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,7 +44,7 @@ class Answer:
         self.doc, self.responses = doc, responses
 
 
-class JsonRoute:
+class JsonRoute(ABC):
     """One POST route taking and answering JSON; a subclass implements ``answer``."""
 
     path = ""
@@ -51,8 +52,9 @@ class JsonRoute:
     def __init__(self, read_body: ReadBody) -> None:
         self._read_body = read_body
 
+    @abstractmethod
     async def answer(self, doc: dict[str, Any], tei: bool) -> Answer:
-        raise NotImplementedError
+        """The answer to the request ``doc`` (``tei``: in TEI's shape)."""
 
     def tei_shaped(self, path: list[str], doc: dict[str, Any]) -> bool:
         """Whether the request is in TEI's shape (its errors are then TEI's)."""
