@@ -1,7 +1,8 @@
 """Each benchmark script owns one section of docs/benchmarks.md (or of another doc) and
 rewrites only it, stamped with the script's name and the hash of what it wrote
-(scripts/check_docs.py fails on a section edited by hand); and the one way the scripts run
-a `milliserve bench` level."""
+(scripts/check_docs.py fails on a section edited by hand), through the results store
+(benchmarks/results_store.py: the section's figures as JSON in benchmarks/results/, the doc
+rendered from them); and the one way the scripts run a `milliserve bench` level."""
 
 from __future__ import annotations
 
@@ -40,23 +41,47 @@ def _script() -> str:
         return path.name
 
 
-def write_section(name: str, body: str, doc: Path = DOC, script: str | None = None) -> None:
+def write_section(
+    name: str, body: str, doc: Path = DOC, script: str | None = None, results: dict[str, Any] | None = None
+) -> None:
     """Replace (or append) the section ``name`` of ``doc`` with ``body``, its opening marker
-    naming ``script`` (default: the running script) and the hash of ``body``."""
-    text = doc.read_text() if doc.exists() else HEADER
+    naming ``script`` (default: the running script) and the hash of ``body``.
+
+    Where ``doc`` is one of the repository's docs, the section goes through the results store
+    (benchmarks/results_store.py): its entry in benchmarks/results/ is written first, with the
+    commit, machine, versions and whatever ``results`` holds (``settings``, ``rounds``,
+    ``values``, ``summary``, ``headline``, ``peers``, ``sources``), and the doc's section is
+    rendered from that entry. A doc elsewhere (a smoke run's ``--out``) gets the section alone."""
     body = body.rstrip()
-    start = f"<!-- section:{name} by {script or _script()} sha256:{section_digest(body)} -->"
+    script = script or _script()
+    doc = doc.resolve()
+    if doc.is_relative_to(ROOT) and str(doc.relative_to(ROOT)) in _store().DOCS:
+        store = _store()
+        entry = store.record(name, body, doc=str(doc.relative_to(ROOT)), script=script, **(results or {}))
+        text = doc.read_text() if doc.exists() else HEADER
+        doc.write_text(store.place_block(text, entry))
+        store.render_readme()
+        return
+    text = doc.read_text() if doc.exists() else HEADER
+    start = f"<!-- section:{name} by {script} sha256:{section_digest(body)} -->"
     end = f"<!-- /section:{name} -->"
     block = f"{start}\n{body}\n{end}"
     pattern = re.compile(re.escape(f"<!-- section:{name}") + r"( [^>]*)? -->.*?" + re.escape(end), re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)
     else:
-        if doc == DOC and not text.startswith("# Benchmarks"):
-            text = HEADER  # an old single-section file: start over with sections
         text = text.rstrip() + "\n\n" + block + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
+
+
+def _store() -> Any:
+    """benchmarks/results_store.py (imported late: it imports this module)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    import results_store
+
+    return results_store
 
 
 def bench_level(
