@@ -107,7 +107,16 @@ def main() -> None:
         best = min(med(label, rate, "p99") for label in fixed)
         mine = med(adaptive, rate, "p99")
         lines.append(f"| {rate:.0f} | {mine:.2f} | {best:.2f} | {'yes' if mine <= best else '**no**'} |")
-    write_section("adaptive-batching", "\n".join(lines))
+    write_section(
+        "adaptive-batching",
+        "\n".join(lines),
+        results={
+            "settings": {"run": vars(args), "variants": VARIANTS, "seq": SEQ},
+            "rounds": args.rounds,
+            "values": runs,  # (config, rate) -> each round's throughput, p50/p99 ms, errors
+            "summary": {"capacity_req_s": capacity, "rates": rates},
+        },
+    )
     print("\n".join(lines))
 
 

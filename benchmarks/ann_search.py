@@ -108,7 +108,19 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.quick:
-        write_section("ann-search", text)
+        write_section(
+            "ann-search",
+            text,
+            results={
+                "settings": {"queries": n, "warmup": WARMUP, "k": K, "index": meta},
+                "values": {"client_ms": client_ms, "stages_ms": stages},
+                "summary": {
+                    f"recall@{K}": recall,
+                    "ann_ms": {p: pct(ann, p) for p in (50, 99, 99.9)},
+                    "client_ms": {p: pct(client_ms, p) for p in (50, 99)},
+                },
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -150,7 +150,19 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     if not args.quick:
-        write_section("cascade", report)
+        write_section(
+            "cascade",
+            report,
+            results={
+                "settings": {"run": vars(args), "fast": FAST, "full": FULL, "batch": BATCH},
+                "rounds": args.rounds,
+                "values": results,  # pipeline -> its `milliserve bench` level, one per round
+                "summary": {
+                    p: {"accuracy": quality[p][0], "escalated": quality[p][1], "p99_ms": med(p, "p99")}
+                    for p in pipelines
+                },
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -184,7 +184,16 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     if not args.quick:
-        write_section("hedging", report)
+        write_section(
+            "hedging",
+            report,
+            results={
+                "settings": {"run": vars(args), "stall_ms": STALL_MS, "stall_share": STALL_P},
+                "rounds": args.rounds,
+                "values": {"levels": results, "hedges": hedges},  # per variant, one per round
+                "summary": {v: {k: med(v, k) for k in ("p50", "p95", "p99", "p99.9")} for v in VARIANTS},
+            },
+        )
 
 
 if __name__ == "__main__":

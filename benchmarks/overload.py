@@ -74,7 +74,16 @@ def main() -> None:
     example = next((k for _, lv in rows for k in lv["errors"] if k.startswith("http 429")), None)
     if example:
         lines += ["", f"A refusal reads: `{example.split(': ', 1)[1]}`"]
-    write_section("overload", "\n".join(lines))
+    write_section(
+        "overload",
+        "\n".join(lines),
+        results={
+            "settings": {"run": vars(args), "models": MODELS, "seq": SEQ},
+            "rounds": 2,
+            "values": rows,  # (config, its `milliserve bench` level) per run, A B A B
+            "summary": {"capacity_req_s": capacity, "offered_req_s": rate},
+        },
+    )
     print("\n".join(lines))
 
 

@@ -201,7 +201,16 @@ def main() -> None:
         for row in report.rows:
             budget = "-" if row.budget_ms is None else f"{row.budget_ms:g}"
             lines.append(f"| {pipeline} | {row.stage} | {row.p50_ms:.3f} | {row.p99_ms:.3f} | {budget} |")
-    write_section("pipelines", "\n".join(lines))
+    write_section(
+        "pipelines",
+        "\n".join(lines),
+        results={
+            "settings": {"run": vars(args)},
+            "rounds": args.rounds,
+            "values": results,  # (target, concurrency) -> its `milliserve bench` level per round
+            "summary": {"requests_per_run": runs, "stages": stages},
+        },
+    )
     print("\n".join(lines))
 
 

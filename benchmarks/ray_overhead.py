@@ -123,7 +123,16 @@ def main() -> None:
     if args.quick:
         print("quick run: no report written")
         return
-    write_section("ray-serve", report(args, results))
+    write_section(
+        "ray-serve",
+        report(args, results),
+        results={
+            "settings": {"run": vars(args), "variants": VARIANTS, "levels": LEVELS},
+            "rounds": args.rounds,
+            "values": results,  # (variant, concurrency) -> each round's (infer/s, p50 ms, p99 ms)
+            "peers": {"ray": None, "tritonclient": None},  # None: the version installed
+        },
+    )
     print("wrote the ray-serve section of docs/benchmarks.md")
 
 

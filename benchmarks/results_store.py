@@ -45,7 +45,7 @@ import platform
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -222,6 +222,11 @@ def peer_pins() -> dict[str, str]:
         return {}
 
 
+def _peer_versions(peers: dict[str, Any]) -> dict[str, Any]:
+    """What a script names of its peers; a name given None is looked up as installed."""
+    return {k: (package_versions([k])[k] if v is None else jsonable(v)) for k, v in peers.items()}
+
+
 def _git(root: Path, *args: str) -> str | None:
     """A git command's stdout, or None where git, the repository or the object is missing."""
     try:
@@ -241,6 +246,29 @@ def resolve(commit: str, root: Path = ROOT) -> str | None:
 
 
 # ---- entries ----
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON can hold it: a dict with tuple keys (a script's ``results[(target,
+    concurrency)]``) as a list of ``{"key": [...], "value": ...}``, tuples and sets as lists,
+    numpy numbers as Python's, dataclasses as dicts, paths and other objects as strings."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            return {k: jsonable(v) for k, v in value.items()}
+        if all(isinstance(k, int | float | bool) or k is None for k in value):
+            return {str(k): jsonable(v) for k, v in value.items()}
+        return [{"key": jsonable(k), "value": jsonable(v)} for k, v in value.items()]
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v) for v in value]
+    if is_dataclass(value) and not isinstance(value, type):
+        return jsonable(asdict(value))
+    if hasattr(value, "tolist"):  # numpy arrays and scalars
+        return jsonable(value.tolist())
+    if isinstance(value, argparse.Namespace):
+        return jsonable(vars(value))
+    return str(value)
+
+
 def sources_for(script: str) -> list[str]:
     return [script, *SOURCES.get(script, [])]
 
@@ -295,11 +323,14 @@ def record(
         "dirty": bool(dirty),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
-        "versions": {"milliserve": package_versions(), "peers": {**peer_pins(), **(peers or {})}},
-        "settings": settings or {},
+        "versions": {
+            "milliserve": package_versions(),
+            "peers": {**peer_pins(), **_peer_versions(peers or {})},
+        },
+        "settings": jsonable(settings or {}),
         "rounds": rounds,
-        "values": values,
-        "summary": summary or {},
+        "values": jsonable(values),
+        "summary": jsonable(summary or {}),
         "headline": headline or [],
         "sources": srcs,
         "body": body.rstrip(),

@@ -130,7 +130,19 @@ def main() -> None:
     if args.quick:
         print("quick run: no report written")
         return
-    write_section("workers", report(args, results, memory))
+    write_section(
+        "workers",
+        report(args, results, memory),
+        results={
+            "settings": {"run": vars(args)},
+            "rounds": args.rounds,
+            # (workers, protocol, concurrency) -> each round's (infer/s, p50 ms, server CPU µs
+            # per request, the busier worker's share)
+            "values": results,
+            "summary": {"pss_mib_per_process": memory},
+            "peers": {"tritonclient": None},  # perf_analyzer's wheel
+        },
+    )
     print("wrote the workers section of docs/benchmarks.md")
 
 
