@@ -207,7 +207,16 @@ def main() -> None:
         "show each tool's own floor: the difference there is tool overhead, and on a 2-core machine a "
         "client that spends more CPU per request also slows the server it measures.",
     ]
-    write_section("bench-vs-perf-analyzer" + ("-split" if args.split_cores else ""), "\n".join(lines))
+    write_section(
+        "bench-vs-perf-analyzer" + ("-split" if args.split_cores else ""),
+        "\n".join(lines),
+        results={
+            "settings": {"run": vars(args), "perf_analyzer": ["-s", "50"]},
+            "rounds": args.rounds,
+            "values": rows,  # (target, concurrency, each tool's figures over the rounds)
+            "peers": {"tritonclient": None},  # perf_analyzer's wheel
+        },
+    )
     print("\n".join(lines))
 
 

@@ -253,7 +253,17 @@ def main() -> None:
     text = report(cells, args, pa_version)
     print(text)
     if not args.quick:
-        write_section("fixed-rate-clock", text, DOC)
+        write_section(
+            "fixed-rate-clock",
+            text,
+            DOC,
+            results={
+                "settings": {"run": vars(args), "rates": rates, "arrivals": arrivals_list},
+                "rounds": args.rounds,
+                "values": cells,  # (rate, arrivals) -> each round's figures, perf_analyzer and ours
+                "peers": {"perf_analyzer": pa_version},
+            },
+        )
 
 
 if __name__ == "__main__":

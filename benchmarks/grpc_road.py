@@ -238,7 +238,19 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.quick:
-        write_section("grpc-road", text, args.out)
+        write_section(
+            "grpc-road",
+            text,
+            args.out,
+            results={
+                "settings": {"run": vars(args)},
+                "rounds": args.rounds,
+                # (model, variant, concurrency) -> each round's (infer/s, p50 ms, p99 ms)
+                "values": results,
+                "summary": {"checks": checks},
+                "peers": {"tritonclient": None, "nvidia-pytriton": None},
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -173,7 +173,19 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.quick:
-        write_section("shared-memory", text, args.out)
+        write_section(
+            "shared-memory",
+            text,
+            args.out,
+            results={
+                "settings": {"run": vars(args)},
+                "rounds": args.rounds,
+                # (model, variant, concurrency) -> each round's (infer/s, p50 ms, p99 ms)
+                "values": results,
+                "summary": {"checks": checks},
+                "peers": {"tritonclient": None},  # perf_analyzer's wheel
+            },
+        )
 
 
 if __name__ == "__main__":

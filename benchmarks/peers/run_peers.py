@@ -290,7 +290,23 @@ def main() -> None:
         )
     print("\n".join(lines))
     if not args.quick:
-        write_section("peers", "\n".join(lines))
+        write_section(
+            "peers",
+            "\n".join(lines),
+            results={
+                "settings": {
+                    "run": vars(args),
+                    "every server": peer_settings.EVERYONE,
+                    "MLServer": peer_settings.MLSERVER,
+                    "LitServe": peer_settings.LITSERVE,
+                    "BentoML": peer_settings.BENTOML,
+                    "milliserve": peer_settings.MILLISERVE,
+                    "workers swept": peer_settings.WORKERS_SWEPT,
+                },
+                "rounds": args.rounds,
+                "values": results,  # server -> concurrency -> its `milliserve bench` level per round
+            },
+        )
 
 
 if __name__ == "__main__":
