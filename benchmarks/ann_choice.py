@@ -34,6 +34,7 @@ import faiss
 import hnswlib
 import numpy as np
 from report_sections import write_section
+from results_store import brief
 from server_overhead import cpu_description
 
 from milliserve.examples.build import build_examples
@@ -299,9 +300,21 @@ def main() -> None:
         "| rows | inline p50 µs | inline p99 µs | offloaded p50 µs | offloaded p99 µs |",
         "|---|---|---|---|---|",
     ]
-    for rows, inline, hop in inline_or_offload(winner, queries):
+    offload = inline_or_offload(winner, queries)
+    for rows, inline, hop in offload:
         lines.append(f"| {rows} | {inline[0]:.0f} | {inline[1]:.0f} | {hop[0]:.0f} | {hop[1]:.0f} |")
-    write_section("ann-choice", "\n".join(lines))
+    write_section(
+        "ann-choice",
+        "\n".join(lines),
+        results={
+            "settings": {"run": vars(args), "k": K},
+            "rounds": args.rounds,
+            # each setting's recall, build time and search times (count, p50, p99), and where
+            # the chosen one searches: (rows, inline p50/p99 µs, offloaded p50/p99 µs)
+            "values": {"settings": [brief(c) for c in configs], "inline_or_offload": offload},
+            "summary": {"chosen": f"{winner.library} {winner.kind} {winner.params}"},
+        },
+    )
     print("\n".join(lines))
 
 

@@ -27,12 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from report_sections import DOC, commit, write_section
+from results_store import brief
 from server_overhead import cpu_description
 
-from milliserve.bench.attacks import ATTACKS, BASELINE, Attack, AttackResult, Target, run_attacks
-from milliserve.bench.drills import DrillResult, crash_drill, sigterm_drill
-from milliserve.bench.h2_attacks import H2_ATTACKS
-from milliserve.bench.llm_attacks import LLM_ATTACKS, LlmTarget, run_llm_attacks
+from milliserve.drills.tensor_attacks import ATTACKS, BASELINE, Attack, AttackResult, Target, run_attacks
+from milliserve.drills.stop_drills import DrillResult, crash_drill, sigterm_drill
+from milliserve.drills.h2_attacks import H2_ATTACKS
+from milliserve.drills.llm_attacks import LLM_ATTACKS, LlmTarget, run_llm_attacks
 from milliserve.examples.build import build_examples
 from milliserve.testing import ServerProcess, wait_until
 
@@ -71,13 +72,23 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     attacks = attacks_section(catalogue, one, before, alive and alive2, tracebacks + tracebacks2)
     reliability = reliability_section(catalogue, one, two, drills)
+    stored = {  # for the results store: each attack's and drill's figures
+        "settings": {"run": vars(args), "workers": [1, 2]},
+        "values": {
+            "one process": [brief(r) for r in one],
+            "two workers": [brief(r) for r in two],
+            "grpc.aio": [brief(r) for r in before],
+            "drills": [{"key": list(k), "value": brief(d)} for k, d in drills.items()],
+        },
+        "summary": {"alive": alive and alive2, "tracebacks": tracebacks + tracebacks2},
+    }
     for name, body in (("attacks", attacks), ("reliability", reliability)):
         if args.quick:
             title, rest = body.split("\n", 1)
             note = "**Quick run (`--quick`): a few attacks, to check the script; not figures.**"
             body = f"{title}\n\n{note}\n{rest}"
         if out is not None:
-            write_section(name, body, out)
+            write_section(name, body, out, results=stored)
         print(body)
 
 
@@ -182,9 +193,9 @@ def attacks_section(
         "",
         f"Numbers from `python benchmarks/attack_suite.py` at commit `{commit()}`: one "
         "`milliserve serve` of the example repository (default settings), the attacks of "
-        "`milliserve.bench.attacks` and `milliserve.bench.h2_attacks` sent one after another, each "
+        "`milliserve.drills.tensor_attacks` and `milliserve.drills.h2_attacks` sent one after another, each "
         "repeated as shown, while two well-behaved clients call `fraud_mlp` from a process of their "
-        "own (`milliserve.bench.bystanders`): one over HTTP (one keep-alive connection, a request 2 ms "
+        "own (`milliserve.drills.bystanders`): one over HTTP (one keep-alive connection, a request 2 ms "
         "after each answer), one over gRPC (one channel, a call every 100 ms). What an attack sends is "
         "built before it starts. An attack's window lasts from its first request until the server is "
         "quiet again (its CPU back to what the good clients alone cost it, measured first): what an "
@@ -287,7 +298,7 @@ def reliability_section(
         f"Numbers from `python benchmarks/attack_suite.py` at commit `{commit()}`; {_machine()}. "
         "Each attack of the attack suite (section above: same good clients, same order) against "
         "`milliserve serve` of the example repository, and against `milliserve serve --workers 2` "
-        "of it; then the drills against fraud_mlp alone (`milliserve.bench.drills`): 8 clients in a "
+        "of it; then the drills against fraud_mlp alone (`milliserve.drills.stop_drills`): 8 clients in a "
         "closed loop while the server gets SIGTERM, and, with two workers, while one worker is "
         "killed (SIGKILL) and restarted before the SIGTERM. **Worst wait**: the good HTTP / gRPC "
         "clients' slowest answer in the attack's window (until the server was quiet again); "
@@ -341,7 +352,7 @@ def llm_section(out: Path | None, quick: bool) -> None:
         "",
         f"Numbers from `python benchmarks/attack_suite.py --llm-only` at commit `{commit()}`: one "
         "`milliserve serve` of the smollm2 example as shipped (budget `ttft_ms` 1000, 8 sequences, "
-        "`max_queue` 64), the attacks of `milliserve.bench.llm_attacks` sent one after another from "
+        "`max_queue` 64), the attacks of `milliserve.drills.llm_attacks` sent one after another from "
         "127.0.0.1 while a well-behaved client on 127.0.0.2 asks for a streamed 4-token chat every "
         "0.2 s. Its TTFT is what the attack cost others (goal: within 3 s); 'running after' is the "
         "engine's running sequences once the attack is over (goal: 0).",
@@ -375,7 +386,11 @@ def llm_section(out: Path | None, quick: bool) -> None:
         lines.insert(2, "**Quick run (`--quick`): smaller attacks, to check the script; not figures.**\n")
     body = "\n".join(lines)
     if out is not None:
-        write_section("llm-attacks", body, out)
+        stored = {
+            "values": [brief(r) for r in results],
+            "summary": {"alive": alive, "tracebacks": tracebacks},
+        }
+        write_section("llm-attacks", body, out, results=stored)
     print(body)
 
 

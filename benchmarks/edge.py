@@ -64,6 +64,7 @@ ROOMY = "budget_ms=1000000"  # the policy is not measured here: the page always 
 # run takes 0.5-3 s, and the warm-up is not what these rows measure)
 FORCED_GPU = f"{ROOMY}&provider=webgpu&warmup_runs=3"
 BUNDLES = ("sentiment", "sentiment_fp32")
+STORED: dict[str, dict[str, Any]] = {}  # what measure() measured, for the results store
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,7 @@ def main() -> None:
         print(text)
         print("quick run: the report above is not written")
         return
-    write_section("edge", text)
+    write_section("edge", text, results=STORED.get("edge"))
     print("wrote the edge section of docs/benchmarks.md")
 
 
@@ -388,6 +389,12 @@ def measure(args: argparse.Namespace, work: Path) -> str:
         print(k, v)
     for k in kernels:
         print("integer kernels:", k)
+    STORED["edge"] = {  # for the results store
+        "settings": {"run": vars(args), "adapter": adapter},
+        "rounds": args.rounds,
+        "values": {"latency": lat, "cold": cold, "kernels": kernels},
+        "summary": {"parity": checks},
+    }
     return report(args, edge, lat, cold, checks, kernels, adapter)
 
 

@@ -71,6 +71,7 @@ from typing import Any
 from llm_features import priority_part, structured_part
 from peers.llama_server import LlamaServer
 from report_sections import commit, write_section
+from results_store import brief
 
 from milliserve.bench.runner import cpu_model
 from milliserve.examples.smollm2 import packaged_gguf
@@ -106,6 +107,9 @@ SYSTEM = (
     "Be friendly and brief, answer in at most two sentences, and never invent prices. "
 ) * 3
 
+# what a part that returns its section's text measured, for the results store
+STORED: dict[str, dict[str, Any]] = {}
+
 
 @dataclass
 class Level:
@@ -118,6 +122,16 @@ class Level:
     wall: float = 0.0
     errors: int = 0
     retried: int = 0  # of the requests measured, those sent again (their connection dropped)
+
+
+def _stored(raw: dict[Any, list[Any]], **extra: Any) -> dict[str, Any]:
+    """A part's results for the results store: each server and load's rounds (their samples
+    summarised), with ``extra`` (settings, rounds, summary)."""
+    rounds = [
+        {"key": list(k) if isinstance(k, tuple) else k, "rounds": [brief(lv) for lv in v]}
+        for k, v in raw.items()
+    ]
+    return {"values": rounds, **extra}
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -667,10 +681,12 @@ def main() -> None:
     if "structured" in parts:
         rounds, secs = (1, 3.0) if args.quick else (args.rounds, args.duration)
         text = structured_part(repo, rounds, secs, where)
-        print(text) if args.quick else write_section("llm-structured", text)
+        stored = {"settings": {"run": vars(args)}, "rounds": rounds}  # its figures: in the text only
+        print(text) if args.quick else write_section("llm-structured", text, results=stored)
     if "priority" in parts:
         text = priority_part(write_repo, work, gguf, 5 if args.quick else 200, 1 if args.quick else 3, where)
-        print(text) if args.quick else write_section("llm-priority", text)
+        stored = {"settings": {"run": vars(args)}, "rounds": 3}  # its figures: in the text only
+        print(text) if args.quick else write_section("llm-priority", text, results=stored)
     # each load's sweeps, once for the parts that need them: milliserve's KV cache type (at 8
     # streams, the one measured above) and llama-server's settings (started, the first time)
     caches: dict[int, tuple[str, str]] = {8: (ct, chosen)}
@@ -691,7 +707,8 @@ def main() -> None:
         return swept[streams][0].again(), swept[streams][1]
 
     if "peers" in parts:
-        write_section("llm-peers", peers_part(args, gguf, work, levels, machine, cache_at, peer_at))
+        text = peers_part(args, gguf, work, levels, machine, cache_at, peer_at)
+        write_section("llm-peers", text, results=STORED.get("llm-peers"))
     if "speculation" in parts:
         ls_spec, tried, ls_plain = speculation_peers(gguf, grounded, args.sweep_seconds, attention)
         try:
@@ -740,6 +757,12 @@ def main() -> None:
             "the two goes first alternating), so that the drift between the rounds above falls "
             f"outside each pair: tokens/s on / off {interval(alt, 'pairs')}; "
             f"on {fmt_short(summary(alt_on))}, off {fmt_short(summary(alt_off))}.\n",
+            results=_stored(
+                raw,
+                rounds=args.rounds,
+                settings={"run": vars(args), "llama-server": _flags(ls_spec), "without": _flags(ls_plain)},
+                summary={"by_load": res2, "acceptance": acc, "pairs_on_off": alt},
+            ),
         )
     if "speculation-fresh" in parts:
         fresh_part(gguf, repo, args, where, attention)
@@ -805,6 +828,12 @@ def main() -> None:
             "prompt, weighs most in it): "
             + "; ".join(f"{name} " + "/".join(f"{x:.0f}" for x in by_round[name]) for name, _ in targets)
             + ".\n",
+            results={
+                "settings": {"run": vars(args), "llama-server": _flags(ls)},
+                "rounds": args.rounds,
+                "values": {"ttft_p99_ms_by_round": by_round},
+                "summary": res3,
+            },
         )
 
 
@@ -859,6 +888,9 @@ def peers_part(
     names = ("milliserve", "llama-server", "llama_cpp.server")
     rows = [f"| {name} | {n} | {fmt(res[(name, n)])} |" for n in levels for name in names if (name, n) in res]
     ratios = []
+    STORED["llm-peers"] = _stored(
+        raw, rounds=args.rounds, settings={"run": vars(args)}, summary={"by_load": res}
+    )
     for n in levels:
         a, b = res[("milliserve", n)], res[("llama-server", n)]
         by_round = paired(raw[("milliserve", n)], raw[("llama-server", n)])
@@ -1020,6 +1052,9 @@ def fresh_part(
         f"{t[(ON, 1)] / t[('milliserve, speculation off', 1)]:.2f}×, "
         f"{paired(raw[(ON, 1)], raw[('milliserve, speculation off', 1)])}; llama-server with / "
         f"without {t[ls_on] / t[ls_off]:.2f}×. milliserve's drafted tokens accepted: {acc}.\n",
+        results=_stored(
+            raw, rounds=args.rounds, settings={"run": vars(args)}, summary={"by_load": res, "acceptance": acc}
+        ),
     )
 
 
@@ -1187,6 +1222,17 @@ def open_loop_part(
         + ", ".join(ratios)
         + ". Round by round, the ratio's mean with its 95% t-interval and its range over the rounds "
         "(quote a ratio only with its spread): " + "; ".join(spreads) + ".\n",
+        results={
+            "settings": {
+                "slo_ttft_itl_ms": slo,
+                "llama-server": capacity_flags,
+                "llama-server goodput sweep": goodput_line,
+                "rates": rates,
+            },
+            "rounds": rounds,
+            "values": [{"key": list(k), "rounds": [brief(lv) for lv in v]} for k, v in got.items()],
+            "summary": {"capacity_req_s": cap, "ratios": ratios, "spreads": spreads},
+        },
     )
 
 

@@ -126,7 +126,17 @@ def publish() -> None:
     img = HERE.parent / "docs" / "img" / "mini-project-waterfall.png"
     draw_waterfall(results, img)
     write_section(
-        "mini-project", body + f"\n![where the time went]({img.relative_to(HERE.parent / 'docs')})\n"
+        "mini-project",
+        body + f"\n![where the time went]({img.relative_to(HERE.parent / 'docs')})\n",
+        results={
+            "settings": {"load_req_s": saved["load"], "seconds": saved["seconds"], "slo_ms": SLO_MS},
+            "rounds": saved["rounds"],
+            "values": saved[
+                "results"
+            ],  # each step: its `milliserve bench` level per round, capacity, accuracy
+            "summary": {"naive_throughput": saved.get("naive_throughput")},
+            "commit": saved.get("commit") or None,
+        },
     )
 
 

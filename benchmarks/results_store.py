@@ -45,7 +45,7 @@ import platform
 import re
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -104,11 +104,7 @@ SOURCES: dict[str, list[str]] = {
     "benchmarks/overload.py": [*_SERVER, *_ORT],
     "benchmarks/pipelines.py": ["src/milliserve/pipeline", "src/milliserve/features", *_SERVER, *_ORT],
     "benchmarks/attack_suite.py": [
-        "src/milliserve/bench/attacks.py",
-        "src/milliserve/bench/h2_attacks.py",
-        "src/milliserve/bench/llm_attacks.py",
-        "src/milliserve/bench/drills.py",
-        "src/milliserve/bench/attack_runner.py",
+        "src/milliserve/drills",
         *_SERVER,
         *_ORT,
         *_LLM,
@@ -261,12 +257,45 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple | set | frozenset):
         return [jsonable(v) for v in value]
     if is_dataclass(value) and not isinstance(value, type):
-        return jsonable(asdict(value))
+        return jsonable(_fields(value))
     if hasattr(value, "tolist"):  # numpy arrays and scalars
         return jsonable(value.tolist())
     if isinstance(value, argparse.Namespace):
         return jsonable(vars(value))
     return str(value)
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields (or an object's attributes), not copied: a field may hold what
+    cannot be copied (an index, a session)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in fields(obj)}
+    return dict(vars(obj))
+
+
+def brief(obj: Any) -> dict[str, Any]:
+    """A level's figures without its raw samples: its numbers, strings and dicts of numbers as
+    they are, and each list of numbers (per-request latencies) as its count, p50, p99 and
+    maximum (nearest rank, ``milliserve.percentiles``), so that a round stays a few lines."""
+    from milliserve.percentiles import percentile
+
+    out: dict[str, Any] = {}
+    for key, value in _fields(obj).items():
+        if value is None or isinstance(value, bool | int | float | str):
+            out[key] = value
+        elif isinstance(value, dict) and all(isinstance(v, int | float) for v in value.values()):
+            out[key] = jsonable(value)
+        elif isinstance(value, list) and all(isinstance(v, int | float) for v in value):
+            n = len(value)
+            out[key] = {
+                "n": n,
+                **(
+                    {"p50": percentile(value, 50), "p99": percentile(value, 99), "max": max(value)}
+                    if n
+                    else {}
+                ),
+            }
+    return out
 
 
 def sources_for(script: str) -> list[str]:
@@ -308,8 +337,10 @@ def record(
     headline: list[dict[str, str]] | None = None,
     peers: dict[str, Any] | None = None,
     sources: list[str] | None = None,
+    commit: str | None = None,
 ) -> dict[str, Any]:
-    """Write the store's entry for ``section``, measured now at HEAD, and return it."""
+    """Write the store's entry for ``section``, measured now at HEAD (or at ``commit``, for
+    figures measured earlier and published now), and return it."""
     srcs = sources if sources is not None else sources_for(script)
     dirty = _git(root, "status", "--porcelain", "--", *srcs)
     entry: dict[str, Any] = {
@@ -319,7 +350,7 @@ def record(
         "script": script,
         "command": " ".join(["python", script, *sys.argv[1:]]),
         "status": "measured",
-        "commit": head(root),
+        "commit": (resolve(commit, root) or commit) if commit else head(root),
         "dirty": bool(dirty),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
@@ -541,7 +572,8 @@ def check(root: Path = ROOT) -> Findings:
 # ---- seeding from the docs as they were ----
 def import_docs(root: Path = ROOT, docs: tuple[str, ...] = DOCS) -> list[str]:
     """An ``imported`` entry for each doc section the store lacks, with the commit its text
-    names (resolved to the full hash), or none; the names imported."""
+    names (resolved to the full hash), or none; the names imported. An imported entry already
+    there takes its script's SOURCES as they are now."""
     entries = load(root)
     done = []
     for doc in docs:
@@ -551,6 +583,11 @@ def import_docs(root: Path = ROOT, docs: tuple[str, ...] = DOCS) -> list[str]:
         for m in SECTION.finditer(path.read_text()):
             name = m.group("name")
             if name in entries:
+                old = entries[name]
+                if old["status"] == "imported" and old["sources"] != sources_for(old["script"]):
+                    old["sources"] = sources_for(old["script"])  # SOURCES changed (a package moved)
+                    save(old, root)
+                    done.append(f"{name} (its sources)")
                 continue
             stamp = re.match(r"^ by (\S+) sha256:", m.group("attrs"))
             script = stamp.group(1) if stamp else ""
