@@ -22,7 +22,7 @@ import numpy as np
 
 from milliserve.bench.attack_runner import Attack, Target, attack
 from milliserve.protocol.proto import oip_pb2 as pb
-from milliserve.server.grpc.frames import (
+from milliserve.server.h2.frames import (
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -35,7 +35,7 @@ from milliserve.server.grpc.frames import (
     SETTINGS,
     frame,
 )
-from milliserve.server.grpc.hpack_decoder import HpackDecoder, literal
+from milliserve.server.h2.hpack_codec import HpackDecoder, literal
 
 __all__ = ["H2_ATTACKS", "RawH2"]
 

@@ -80,7 +80,7 @@ class HttpSettings(BaseModel):
 
 class GrpcSettings(BaseModel):
     """The gRPC listener. ``stack``: milliserve's own HTTP/2 server (``native``, the
-    default: server/grpc/http2.py) or grpc.aio (``grpcio``, where each limit becomes a grpc
+    default: server/h2/connection.py) or grpc.aio (``grpcio``, where each limit becomes a grpc
     core channel argument, server/grpc/options.py; the limits marked native-only do not
     apply there)."""
 

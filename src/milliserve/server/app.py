@@ -30,10 +30,10 @@ from milliserve.repository.repository import Repository
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.runtime.executor import Executor
 from milliserve.server.auth import Auth
-from milliserve.server.grpc.frames import Http2Limits
 from milliserve.server.grpc.native import NativeGrpcServer
 from milliserve.server.grpc.options import server_options
 from milliserve.server.grpc.servicer import CallCount, build_grpc_server
+from milliserve.server.h2.limits import Http2Limits
 from milliserve.server.http.app import HttpApp
 from milliserve.server.http.connection import HttpProtocol
 from milliserve.server.http.edge_files import EdgeFiles

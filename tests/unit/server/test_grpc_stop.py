@@ -15,8 +15,9 @@ import struct
 from typing import Any
 
 from milliserve.runtime.dataplane import DataPlane
-from milliserve.server.grpc.frames import GOAWAY, Http2Limits
 from milliserve.server.grpc.native import NativeGrpcServer
+from milliserve.server.h2.frames import GOAWAY
+from milliserve.server.h2.limits import Http2Limits
 
 
 async def _offload(fn: Any, *args: Any) -> Any:

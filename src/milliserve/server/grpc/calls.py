@@ -20,9 +20,9 @@ from urllib.parse import quote
 from milliserve.errors import MilliserveError, RequestTooLargeError
 from milliserve.protocol.compression import ENCODINGS, decompress
 from milliserve.server.eager import start_eager
-from milliserve.server.grpc.frames import Stream
-from milliserve.server.grpc.hpack_decoder import literal
-from milliserve.server.grpc.http2 import Http2Protocol
+from milliserve.server.h2.connection import Http2Protocol
+from milliserve.server.h2.hpack_codec import literal
+from milliserve.server.h2.stream import Stream
 
 __all__ = ["CallContext", "Dispatcher", "Method", "StatusError", "status_block"]
 

@@ -18,10 +18,12 @@ from typing import Any
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
 from milliserve.server.grpc.calls import Dispatcher, Method
-from milliserve.server.grpc.frames import ENHANCE_YOUR_CALM, ConnectionStats, GrantBudget, Http2Limits
-from milliserve.server.grpc.http2 import Http2Protocol
 from milliserve.server.grpc.servicer import SERVICE_NAME, CallCount, service_methods
-from milliserve.server.grpc.turns import TurnBudget
+from milliserve.server.h2.connection import Http2Protocol
+from milliserve.server.h2.flow import GrantBudget
+from milliserve.server.h2.frames import ENHANCE_YOUR_CALM
+from milliserve.server.h2.limits import ConnectionStats, Http2Limits
+from milliserve.server.h2.turns import TurnBudget
 from milliserve.server.listeners import accept_waiting
 from milliserve.server.shm.service import SharedMemoryService
 

@@ -9,7 +9,7 @@ import random
 import pytest
 from hpack import Encoder
 
-from milliserve.server.grpc.hpack_decoder import HeaderBlockTooLarge, HpackDecoder, HpackError, literal
+from milliserve.server.h2.hpack_codec import HeaderBlockTooLarge, HpackDecoder, HpackError, literal
 
 LIMIT = 1 << 20
 

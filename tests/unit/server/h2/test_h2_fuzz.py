@@ -14,18 +14,12 @@ from hpack import Encoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from milliserve.server.grpc.frames import (
-    ACK,
-    PREFACE,
-    SETTINGS,
-    ConnectionStats,
-    Http2Limits,
-    Stream,
-    frame,
-)
-from milliserve.server.grpc.hpack_decoder import HeaderBlockTooLarge, HpackDecoder, HpackError
-from milliserve.server.grpc.http2 import Http2Protocol
-from milliserve.server.grpc.turns import TurnBudget
+from milliserve.server.h2.connection import Http2Protocol
+from milliserve.server.h2.frames import ACK, PREFACE, SETTINGS, frame
+from milliserve.server.h2.hpack_codec import HeaderBlockTooLarge, HpackDecoder, HpackError
+from milliserve.server.h2.limits import ConnectionStats, Http2Limits
+from milliserve.server.h2.stream import Stream
+from milliserve.server.h2.turns import TurnBudget
 
 LIMIT = 1 << 16
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

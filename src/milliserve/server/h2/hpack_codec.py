@@ -4,10 +4,11 @@ A gRPC client sends the same headers on every call, and after the first call its
 refers to them by index only, so the very same bytes arrive again and again. A block that
 changed nothing in the dynamic table decodes the same way for as long as the table is
 unchanged: such blocks are kept (a few per connection) and looked up by their bytes, so the
-steady state costs one dict lookup instead of a decode. The Huffman code and the static
-table come from the ``hpack`` package; the decoder itself is here because the bound on the
-decoded size must hold while decoding (a one-byte index can name a 4 KiB entry), and the
-cache needs to know whether a block touched the table.
+steady state costs one dict lookup instead of a decode. The decoder is milliserve's own
+because the bound on the decoded size must hold while decoding (a one-byte index can name a
+4 KiB entry), and the cache needs to know whether a block touched the table; the RFC's
+static table and Huffman code are in hpack_tables.py (the ``hpack`` package, the tests'
+reference encoder, keeps its own in private modules).
 
 The encoder side needs no table: the listener sends only literals without indexing
 (``literal``), which never change the client's decoder state.
@@ -17,12 +18,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from hpack.huffman_table import decode_huffman
-from hpack.table import HeaderTable
+from milliserve.server.h2.hpack_tables import STATIC_TABLE, HuffmanError, decode_huffman
 
 __all__ = ["HeaderBlockTooLarge", "HpackDecoder", "HpackError", "literal"]
 
-_STATIC: tuple[tuple[bytes, bytes], ...] = HeaderTable.STATIC_TABLE
+_STATIC = STATIC_TABLE
 _STATIC_LEN = len(_STATIC)
 # blocks kept per connection: a client sends a handful of distinct ones (one per method, and
 # the timeout varies); more would only hold memory
@@ -71,7 +71,7 @@ def _string(data: bytes, pos: int) -> tuple[bytes, int]:
     if huffman:
         try:
             raw = decode_huffman(raw)
-        except Exception as exc:  # hpack raises its own HPACKDecodingError
+        except HuffmanError as exc:
             raise HpackError(f"bad Huffman string: {exc}") from None
     return raw, end
 

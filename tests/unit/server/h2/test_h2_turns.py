@@ -11,22 +11,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from milliserve.server.grpc.frames import (
-    ACK,
-    DATA,
-    END_HEADERS,
-    END_STREAM,
-    HEADERS,
-    PREFACE,
-    SETTINGS,
-    ConnectionStats,
-    Http2Limits,
-    Stream,
-    frame,
-)
-from milliserve.server.grpc.hpack_decoder import literal
-from milliserve.server.grpc.http2 import Http2Protocol
-from milliserve.server.grpc.turns import SLICE_FRAMES, TURN_STREAMS, TurnBudget
+from milliserve.server.h2.connection import Http2Protocol
+from milliserve.server.h2.frames import ACK, DATA, END_HEADERS, END_STREAM, HEADERS, PREFACE, SETTINGS, frame
+from milliserve.server.h2.hpack_codec import literal
+from milliserve.server.h2.limits import ConnectionStats, Http2Limits
+from milliserve.server.h2.stream import Stream
+from milliserve.server.h2.turns import SLICE_FRAMES, TURN_STREAMS, TurnBudget
 
 
 class Transport:
