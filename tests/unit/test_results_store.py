@@ -221,3 +221,31 @@ def test_a_commit_the_history_lacks_or_no_git_at_all_is_said_not_a_crash(repo: P
     store.render(bare)
     found = store.check(bare)
     assert found.mismatches == [] and "which this history does not hold" in found.stale[0]
+
+
+def test_what_a_script_measured_is_stored_as_json() -> None:
+    from argparse import Namespace
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Level:
+        ttft: list[float] = field(default_factory=list)
+        tokens: int = 0
+        latency_us: dict[str, float] = field(default_factory=dict)
+        nested: list[dict[str, int]] = field(default_factory=list)
+
+    results = {("fraud_mlp", "HTTP", 1): [(2900.0, 0.33, 0.6)], ("fraud_mlp", "HTTP", 8): []}
+    assert store.jsonable(results) == [
+        {"key": ["fraud_mlp", "HTTP", 1], "value": [[2900.0, 0.33, 0.6]]},
+        {"key": ["fraud_mlp", "HTTP", 8], "value": []},
+    ]
+    assert store.jsonable({1: Path("a/b"), 8: Namespace(rounds=3)}) == {"1": "a/b", "8": {"rounds": 3}}
+    level = Level(ttft=[float(x) for x in range(1, 101)], tokens=7, latency_us={"p50": 1.0}, nested=[{"a": 1}])
+    assert store.jsonable(level)["ttft"][-1] == 100.0  # whole, where a script asks for it
+    # briefly: the samples as their count and nearest-rank percentiles
+    assert store.brief(level) == {
+        "ttft": {"n": 100, "p50": 50.0, "p99": 99.0, "max": 100.0},
+        "tokens": 7,
+        "latency_us": {"p50": 1.0},
+    }
+    assert store.brief(Level())["ttft"] == {"n": 0}
