@@ -544,6 +544,11 @@ def staleness(entry: dict[str, Any], root: Path = ROOT) -> str | None:
             f"{name}: measured at {commit[:7]}, which this history does not hold (a shallow clone?): "
             "cannot tell whether it is stale"
         )
+    if entry.get("dirty"):
+        return (
+            f"{name}: measured at {commit[:7]} with uncommitted changes to what it measures: "
+            f"re-run {entry['script']} from a clean checkout"
+        )
     existing = list(entry.get("sources") or [])  # a path since deleted counts: git knows its history
     if not existing:
         return None

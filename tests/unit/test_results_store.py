@@ -205,6 +205,13 @@ def test_a_figure_measured_before_its_code_changed_is_stale(
     store.render(repo)
     assert store.check(repo).stale == [] and store.main(["check", "--strict"], root=repo) == 0
 
+    # measured with the code it measures changed but not committed: which code, nobody can say
+    (repo / "src" / "pkg" / "fast.py").write_text("x = 3\n")
+    _measure(repo)
+    store.render(repo)
+    [why] = store.check(repo).stale
+    assert "with uncommitted changes to what it measures" in why
+
 
 def test_a_commit_the_history_lacks_or_no_git_at_all_is_said_not_a_crash(repo: Path, tmp_path: Path) -> None:
     entry = _measure(repo)
@@ -240,7 +247,9 @@ def test_what_a_script_measured_is_stored_as_json() -> None:
         {"key": ["fraud_mlp", "HTTP", 8], "value": []},
     ]
     assert store.jsonable({1: Path("a/b"), 8: Namespace(rounds=3)}) == {"1": "a/b", "8": {"rounds": 3}}
-    level = Level(ttft=[float(x) for x in range(1, 101)], tokens=7, latency_us={"p50": 1.0}, nested=[{"a": 1}])
+    level = Level(
+        ttft=[float(x) for x in range(1, 101)], tokens=7, latency_us={"p50": 1.0}, nested=[{"a": 1}]
+    )
     assert store.jsonable(level)["ttft"][-1] == 100.0  # whole, where a script asks for it
     # briefly: the samples as their count and nearest-rank percentiles
     assert store.brief(level) == {
@@ -249,3 +258,33 @@ def test_what_a_script_measured_is_stored_as_json() -> None:
         "latency_us": {"p50": 1.0},
     }
     assert store.brief(Level())["ttft"] == {"n": 0}
+
+
+def test_a_benchmark_s_write_section_goes_through_the_store(repo: Path) -> None:
+    """report_sections.write_section, as every benchmark calls it, run from a copy of the
+    benchmark modules in the temporary repository (their ROOT is where they lie)."""
+    import shutil
+
+    for name in ("report_sections.py", "results_store.py"):
+        shutil.copy(ROOT / "benchmarks" / name, repo / "benchmarks" / name)
+    (repo / "benchmarks" / "peers").mkdir()
+    shutil.copy(ROOT / "benchmarks" / "peers" / "peer_settings.py", repo / "benchmarks" / "peers")
+    _commit(repo, "the benchmark modules")
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(repo / 'benchmarks')!r})\n"
+        "from report_sections import write_section\n"
+        "results = {('fraud_mlp', 1): [(2900.0, 0.33)]}\n"
+        "write_section('speed', '## Speed\\n\\np50 0.33 ms\\n', results={'rounds': 1, 'values': results})\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    run = [sys.executable, "-c", script, "--rounds", "1"]
+    subprocess.run(run, cwd=repo, env=env, check=True, capture_output=True, text=True)
+    entry = store.load(repo)["speed"]
+    assert entry["script"] == "-c"  # python -c: no script file
+    assert entry["values"] == [{"key": ["fraud_mlp", 1], "value": [[2900.0, 0.33]]}] and entry["rounds"] == 1
+    assert entry["commit"] == _git(repo, "rev-parse", "HEAD") and entry["command"].endswith("--rounds 1")
+    assert entry["versions"]["peers"]["fastembed"]  # the peers' pins, from peer_settings.py
+    doc = (repo / "docs" / "benchmarks.md").read_text()
+    assert store.render_block(entry) in doc and doc.startswith("# Benchmarks\n\nProse by hand, kept.\n")
+    assert store.mismatches(repo) == []
