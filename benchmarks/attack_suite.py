@@ -30,10 +30,10 @@ from report_sections import DOC, commit, write_section
 from results_store import brief
 from server_overhead import cpu_description
 
-from milliserve.drills.tensor_attacks import ATTACKS, BASELINE, Attack, AttackResult, Target, run_attacks
-from milliserve.drills.stop_drills import DrillResult, crash_drill, sigterm_drill
 from milliserve.drills.h2_attacks import H2_ATTACKS
 from milliserve.drills.llm_attacks import LLM_ATTACKS, LlmTarget, run_llm_attacks
+from milliserve.drills.stop_drills import DrillResult, crash_drill, sigterm_drill
+from milliserve.drills.tensor_attacks import ATTACKS, BASELINE, Attack, AttackResult, Target, run_attacks
 from milliserve.examples.build import build_examples
 from milliserve.testing import ServerProcess, wait_until
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from milliserve.bench.cache_drill import Load, Stalls, cache_counts, write_add_sub
+from milliserve.drills.cache_drill import Load, Stalls, cache_counts, write_add_sub
 from milliserve.percentiles import percentiles
 from milliserve.testing import RedisServer, ServerProcess
 

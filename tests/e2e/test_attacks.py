@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from milliserve.bench.attacks import ATTACKS, Attack, AttackResult, Target, run_attacks
-from milliserve.bench.h2_attacks import H2_ATTACKS
+from milliserve.drills.h2_attacks import H2_ATTACKS
+from milliserve.drills.tensor_attacks import ATTACKS, Attack, AttackResult, Target, run_attacks
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.testing import ServerProcess
 

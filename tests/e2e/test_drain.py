@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from milliserve.bench.drills import sigterm_drill
+from milliserve.drills.stop_drills import sigterm_drill
 from milliserve.testing import ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -26,8 +26,8 @@ import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 
-from milliserve.bench.attacks import Target
-from milliserve.bench.h2_attacks import RawH2
+from milliserve.drills.h2_attacks import RawH2
+from milliserve.drills.tensor_attacks import Target
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.server.h2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, RST_STREAM, frame
 from milliserve.testing import ServerProcess, wait_until

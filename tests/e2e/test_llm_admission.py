@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from milliserve.bench.llm_attacks import LlmTarget, _chat, _many, good_stream, metric
+from milliserve.drills.llm_attacks import LlmTarget, _chat, _many, good_stream, metric
 from milliserve.testing import ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from milliserve.bench.cache_drill import Load, Stalls, cache_counts, write_add_sub
+from milliserve.drills.cache_drill import Load, Stalls, cache_counts, write_add_sub
 from milliserve.testing import RedisServer, ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e

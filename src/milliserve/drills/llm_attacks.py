@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from milliserve.bench.drills import cpu_seconds, rss_bytes
+from milliserve.drills.process_probe import cpu_seconds, rss_bytes
 
 __all__ = [
     "LLM_ATTACKS",

@@ -3,7 +3,7 @@ that each attack is exactly what it says (a real gRPC client would refuse to sen
 
 Each function takes a ``Target`` and returns a short status: the gRPC code a call got, or
 what the server did to the attacking connection (``GOAWAY ENHANCE_YOUR_CALM``). They join
-the catalogue of ``milliserve.bench.attacks`` (``H2_ATTACKS``), so the same good HTTP and
+the catalogue of ``milliserve.drills.tensor_attacks`` (``H2_ATTACKS``), so the same good HTTP and
 gRPC clients run beside them and the same figures are recorded.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import grpc
 import numpy as np
 
-from milliserve.bench.attack_runner import Attack, Target, attack
+from milliserve.drills.attack_runner import Attack, Target, attack
 from milliserve.protocol.proto import oip_pb2 as pb
 from milliserve.server.h2.frames import (
     CONTINUATION,

@@ -1,11 +1,11 @@
 """The frame every attack runs in: the target, a catalogue entry, and the loop that runs
-each entry with the good clients calling beside it (``bench/bystanders.py``).
+each entry with the good clients calling beside it (``drills/bystanders.py``).
 
 An attack's window opens at its first request and closes when the server is quiet again
 (its CPU back to what the good clients alone cost, :func:`wait_until_quiet`): the work an
 attack leaves behind (a batch still computing for clients that left, megabytes being
 freed) is that attack's cost, counted in its row, not in the next attack's. The catalogues
-are ``bench/attacks.py`` (tensor inputs) and ``bench/h2_attacks.py`` (HTTP/2 frames).
+are ``drills/tensor_attacks.py`` (tensor inputs) and ``drills/h2_attacks.py`` (HTTP/2 frames).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from milliserve.bench.bystanders import Bystanders, Waits
-from milliserve.bench.drills import cpu_rate, cpu_seconds, rss_bytes, wait_until_quiet
+from milliserve.drills.bystanders import Bystanders, Waits
+from milliserve.drills.process_probe import cpu_rate, cpu_seconds, rss_bytes, wait_until_quiet
 
 __all__ = ["Attack", "AttackResult", "Target", "attack", "run_attacks"]
 

@@ -2,7 +2,7 @@
 
 Each attack sends crafted requests (HTTP or gRPC) to the example repository's models
 (``fraud_mlp``, ``fraud``, ``minilm``, ``sentiment``) while well-behaved HTTP and gRPC
-clients keep calling ``fraud_mlp`` from a process of their own (``bench/bystanders.py``).
+clients keep calling ``fraud_mlp`` from a process of their own (``drills/bystanders.py``).
 For each attack the result records the statuses the attacker got, its slowest answer, the
 server's RSS growth (read from /proc), and the waits the well-behaved clients saw
 meanwhile (worst and p99): a server that pays for an attack with another client's latency
@@ -26,9 +26,9 @@ import grpc
 import numpy as np
 import orjson
 
-from milliserve.bench.attack_runner import Attack, AttackResult, Target, attack, run_attacks
-from milliserve.bench.drills import cpu_seconds, rss_bytes
 from milliserve.config.settings import HttpSettings
+from milliserve.drills.attack_runner import Attack, AttackResult, Target, attack, run_attacks
+from milliserve.drills.process_probe import cpu_seconds, rss_bytes
 from milliserve.protocol.proto import oip_pb2 as pb
 
 __all__ = [
