@@ -21,10 +21,13 @@ import time
 from typing import Any
 
 import numpy as np
+import results_store
 
 from milliserve.examples.minilm import encoder_model
 from milliserve.examples.sentiment import load_tweets, tokenize
 from milliserve.runtime.embedding_types import calibrate_int8_scale, quantize
+
+SIZES = {"int8": 384, "uint8": 384, "binary": 48, "ubinary": 48}  # bytes per 384-dim vector
 
 Array = np.ndarray[Any, Any]
 
@@ -92,12 +95,25 @@ def main(argv: list[str] | None = None) -> int:
     docs, queries = vectors[: args.docs], vectors[args.docs : args.docs + args.queries]
     scale = calibrate_int8_scale(vectors[args.docs + args.queries :])
     print(f"embedded {need} tweets in {time.perf_counter() - t0:.0f} s; int8 scale {scale:.4f}")
-    print(f"\n| type | bytes per vector | recall@10 vs FP32 ({args.docs} docs, {args.queries} queries) |")
-    print("|---|---|---|")
-    print("| float (FP32) | 1536 | 1.000 |")
-    for kind, size in (("int8", 384), ("uint8", 384), ("binary", 48), ("ubinary", 48)):
-        print(f"| {kind} | {size} | {recall_at(docs, queries, kind, scale):.3f} |")
-    print(f"| int8, scale 1.0 (no calibration) | 384 | {recall_at(docs, queries, 'int8', 1.0):.3f} |")
+    recall = {kind: recall_at(docs, queries, kind, scale) for kind in SIZES}
+    uncalibrated = recall_at(docs, queries, "int8", 1.0)
+    lines = [
+        f"| type | bytes per vector | recall@10 vs FP32 ({args.docs} docs, {args.queries} queries) |",
+        "|---|---|---|",
+        "| float (FP32) | 1536 | 1.000 |",
+        *(f"| {kind} | {size} | {recall[kind]:.3f} |" for kind, size in SIZES.items()),
+        f"| int8, scale 1.0 (no calibration) | 384 | {uncalibrated:.3f} |",
+    ]
+    print("\n" + "\n".join(lines))
+    # the figures docs/embeddings.md quotes, into the results store (no section: quoted by hand)
+    results_store.record(
+        "embedding-types",
+        "\n".join(lines),
+        doc=None,
+        script="benchmarks/embedding_types.py",
+        settings={"run": vars(args)},
+        summary={"recall@10": recall, "int8 scale": scale, "int8 uncalibrated recall@10": uncalibrated},
+    )
     return 0
 
 

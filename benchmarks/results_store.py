@@ -6,7 +6,8 @@ A benchmark script calls ``report_sections.write_section(name, body, results={..
 before; for a section of one of the repository's docs that records an entry here first
 (:func:`record`) and then renders the doc's section from the entry. An entry holds:
 
-- ``section``, ``doc`` (the page, from the repository root), ``script`` (what writes it),
+- ``section``, ``doc`` (the page, from the repository root; null for a script that only
+  prints its table, whose figures are stored all the same), ``script`` (what writes it),
   ``command`` (how it ran);
 - ``status``: ``measured`` (written by its script) or ``imported`` (taken from the docs as
   they were before this store, with the commit the section named, or none);
@@ -162,6 +163,10 @@ SOURCES: dict[str, list[str]] = {
         *_ORT,
     ],
     "benchmarks/fixed_rate_clock.py": ["src/milliserve/bench", *_SERVER, *_ORT],
+    "benchmarks/embedding_types.py": [
+        "src/milliserve/runtime/embedding_types.py",
+        "src/milliserve/examples/minilm.py",
+    ],
     "benchmarks/optimize_examples.py": ["src/milliserve/optimize", "src/milliserve/examples", *_ORT],
 }
 
@@ -327,7 +332,7 @@ def record(
     section: str,
     body: str,
     *,
-    doc: str,
+    doc: str | None,
     script: str,
     root: Path = ROOT,
     settings: dict[str, Any] | None = None,
@@ -468,7 +473,7 @@ def render(root: Path = ROOT) -> list[str]:
     """Write every doc section and the README table from the store; the files changed."""
     entries = load(root)
     changed = []
-    for doc in sorted({e["doc"] for e in entries.values()}):
+    for doc in sorted({e["doc"] for e in entries.values() if e.get("doc")}):
         path = root / doc
         text = path.read_text() if path.exists() else "# Benchmarks\n"
         new = text
@@ -498,7 +503,9 @@ def mismatches(root: Path = ROOT) -> list[str]:
         for key in ("section", "doc", "script", "status", "commit", "sources", "body"):
             if key not in entry:
                 out.append(f"{RESULTS_DIR}/{name}.json: no {key!r}")
-        path = root / entry.get("doc", "")
+        if entry.get("doc") is None:
+            continue  # figures no doc section holds (a script that prints its table)
+        path = root / entry["doc"]
         if not path.is_file():
             out.append(f"{name}: its doc {entry.get('doc')} does not exist")
             continue

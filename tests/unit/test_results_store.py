@@ -288,3 +288,18 @@ def test_a_benchmark_s_write_section_goes_through_the_store(repo: Path) -> None:
     doc = (repo / "docs" / "benchmarks.md").read_text()
     assert store.render_block(entry) in doc and doc.startswith("# Benchmarks\n\nProse by hand, kept.\n")
     assert store.mismatches(repo) == []
+
+
+def test_figures_no_section_holds_are_stored_and_checked_for_staleness_only(repo: Path) -> None:
+    entry = store.record(
+        "printed",
+        "| type | recall |\n|---|---|\n| int8 | 0.99 |",
+        doc=None,
+        script="benchmarks/speed.py",
+        root=repo,
+    )
+    assert entry["doc"] is None and store.load(repo)["printed"]["body"].endswith("| int8 | 0.99 |")
+    assert store.render(repo) == ["README.md"] and store.mismatches(repo) == []  # the table only
+    (repo / "benchmarks" / "speed.py").write_text("print('changed')\n")
+    _commit(repo, "the script changed")
+    assert [s.split(":")[0] for s in store.check(repo).stale] == ["printed"]
