@@ -174,7 +174,7 @@ SOURCES: dict[str, list[str]] = {
 # ---- the machine, the versions, git ----
 def machine() -> dict[str, Any]:
     """What the figures were measured on (a results file says which VM it came from)."""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
@@ -605,7 +605,7 @@ def import_docs(root: Path = ROOT, docs: tuple[str, ...] = DOCS) -> list[str]:
             script = stamp.group(1) if stamp else ""
             named = COMMIT_IN_BODY.search(m.group("body"))
             commit = resolve(named.group(1), root) if named else None
-            entry = {
+            entry: dict[str, Any] = {
                 "schema": SCHEMA,
                 "section": name,
                 "doc": doc,

@@ -63,7 +63,7 @@ SOURCES = ["benchmarks/speed.py", "src/pkg/fast.py"]
 
 
 def _measure(root: Path, p50: float = 120.0) -> dict[str, Any]:
-    return store.record(
+    entry: dict[str, Any] = store.record(
         "speed",
         f"## Speed\n\np50 {p50} µs against 240 µs\n",
         doc="docs/benchmarks.md",
@@ -84,6 +84,7 @@ def _measure(root: Path, p50: float = 120.0) -> dict[str, Any]:
         peers={"peer": "1.0"},
         sources=SOURCES,
     )
+    return entry
 
 
 def test_an_entry_is_written_and_read_back(repo: Path) -> None:
