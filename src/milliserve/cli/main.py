@@ -368,7 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--tolerance", type=float, default=0.01, help="allowed quality drop from FP32 (default 0.01)"
     )
     o.add_argument(
-        "--metric", default="accuracy", help="accuracy (needs labels), cosine (to FP32), or module:function"
+        "--metric",
+        default="accuracy",
+        help="accuracy (needs labels), cosine (to FP32), embedding (cosine and recall@10 "
+        "to FP32's vectors), or module:function",
     )
     o.add_argument(
         "--train", type=Path, default=None, help=".npz of inputs and labels for fine-tuning and distillation"

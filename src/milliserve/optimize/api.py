@@ -20,9 +20,11 @@ from milliserve.optimize.cpu import cpu_info
 from milliserve.optimize.derived import Options, torch_compile_reference, torch_variants
 from milliserve.optimize.measure import (
     BATCHES,
+    METRICS,
     EvalSet,
     ModelRef,
     check_inputs,
+    embedding_measures,
     load_arrays,
     measure_rounds,
     metric_function,
@@ -94,15 +96,17 @@ def optimize(
     """Run the search and write ``output`` (``REPO/NAME``) with the winner, plus the report files.
 
     ``source`` is an .onnx file, a TorchScript file or ``package.module:factory``; ``metric``
-    is ``accuracy``, ``cosine`` or ``module:function``. ``budget_s`` bounds each
+    is ``accuracy``, ``cosine``, ``embedding`` (mean cosine and recall@10 to FP32's vectors:
+    ``measure.embedding_measures``; each row of the report carries both) or
+    ``module:function``. ``budget_s`` bounds each
     accuracy-aware INT8 search; ``ship`` names a variant to ship instead of the chosen one
     (it must be built, servable and within tolerance). Raises ConfigError for a missing
     source, EVAL data that does not fit the model, a metric the data cannot support or a
     ``ship`` that cannot be honoured; ExportError when a PyTorch source cannot be
     exported. Variants that fail are reported as skipped.
     """
-    if metric not in ("accuracy", "cosine") and ":" not in metric:
-        raise ConfigError(f"metric {metric!r}: choose accuracy, cosine or module:function")
+    if metric not in METRICS and ":" not in metric:
+        raise ConfigError(f"metric {metric!r}: choose accuracy, cosine, embedding or module:function")
     if ":" in metric:
         metric_function(metric)
     try:
@@ -153,10 +157,14 @@ def optimize(
     reference_out = predict(fp32, data, threads)
     reference = score(metric, reference_out, data, reference_out)
     scores: dict[Path | ModelRef, float] = {}
+    measures: dict[Path | ModelRef, dict[str, float]] = {}  # the embedding metric's parts
 
     def scorer(path: Path | ModelRef) -> float:
         if path not in scores:
-            scores[path] = score(metric, predict(path, data, threads), data, reference_out)
+            out = predict(path, data, threads)
+            scores[path] = score(metric, out, data, reference_out)
+            if metric == "embedding":
+                measures[path] = embedding_measures(out, data, reference_out)
         return scores[path]
 
     quick = _subset(data, min(128, data.rows))  # ranking damage: smooth, so 128 rows separate nodes
@@ -263,6 +271,7 @@ def optimize(
             row |= {
                 "quality": quality[v.name],
                 "delta": quality[v.name] - reference,
+                **({"measures": measures[v.ref]} if v.ref in measures else {}),
                 "size_bytes": _size(v.path) if v.runtime != "torch_compile" else 0,
                 **c.timing,
                 "speedup": p,

@@ -14,9 +14,12 @@ from milliserve.errors import ConfigError
 from milliserve.percentiles import percentiles
 
 __all__ = [
+    "METRICS",
+    "RECALL_K",
     "EvalSet",
     "ModelRef",
     "Timing",
+    "embedding_measures",
     "load_arrays",
     "measure_rounds",
     "metric_function",
@@ -26,6 +29,11 @@ __all__ = [
 
 Feeds = dict[str, np.ndarray[Any, Any]]
 BATCHES = (1, 8, 32)
+METRICS = ("accuracy", "cosine", "embedding")
+RECALL_K = 10  # the embedding metric's recall@k
+# the embedding metric's recall@10 may lose this many times what its cosine may: with the
+# default tolerance 0.01, cosine >= 0.99 and recall@10 >= 0.97 (issue 63's gates)
+RECALL_SLACK = 3.0
 
 
 @dataclass
@@ -206,18 +214,78 @@ def metric_function(metric: str) -> Any:
 def score(
     metric: str, outputs: np.ndarray[Any, Any], data: EvalSet, reference: np.ndarray[Any, Any]
 ) -> float:
-    """``accuracy`` against the labels, mean ``cosine`` similarity to the FP32 outputs, or a
-    user function ``module:function(outputs, labels, reference) -> float`` (higher is better)."""
+    """``accuracy`` against the labels, mean ``cosine`` similarity to the FP32 outputs,
+    ``embedding`` (``embedding_measures``: the lower of the mean cosine and recall@10 put on
+    cosine's scale) or a user function ``module:function(outputs, labels, reference) ->
+    float`` (higher is better)."""
     if ":" in metric:
         return float(metric_function(metric)(outputs, data.labels, reference))
     if metric == "accuracy":
         if data.labels is None:
             raise ConfigError("metric 'accuracy' needs a 'labels' array in the EVAL file")
         return float((outputs.argmax(-1) == data.labels).mean())
+    if metric == "embedding":
+        return embedding_measures(outputs, data, reference)["quality"]
     a = outputs.reshape(len(outputs), -1).astype(np.float64)
     b = reference.reshape(len(reference), -1).astype(np.float64)
     cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
     return float(cos.mean())
+
+
+def _sentence_vectors(outputs: np.ndarray[Any, Any], data: EvalSet) -> np.ndarray[Any, Any]:
+    """Unit vectors, one a row: token embeddings ([rows, tokens, dim]) are mean-pooled over
+    the EVAL set's ``attention_mask`` first (what an embedding pipeline's pooling step does),
+    sentence embeddings ([rows, dim]) are taken as they are."""
+    x = outputs.astype(np.float64)
+    if x.ndim == 3:
+        mask = data.inputs.get("attention_mask")
+        if mask is None or mask.shape[:2] != x.shape[:2]:
+            raise ConfigError(
+                "metric 'embedding' on token embeddings [rows, tokens, dim] needs an 'attention_mask' "
+                f"input of shape [rows, tokens] in EVAL to pool them; outputs are {list(x.shape)}"
+            )
+        m = mask.astype(np.float64)[..., None]
+        x = (x * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+    elif x.ndim != 2:
+        raise ConfigError(
+            f"metric 'embedding' takes sentence [rows, dim] or token [rows, tokens, dim] embeddings, "
+            f"not outputs of shape {list(x.shape)}"
+        )
+    unit: np.ndarray[Any, Any] = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return unit
+
+
+def _neighbours(queries: np.ndarray[Any, Any], index: np.ndarray[Any, Any], k: int) -> np.ndarray[Any, Any]:
+    """Each query's ``k`` nearest rows of ``index`` by inner product, its own row left out."""
+    sims = queries @ index.T
+    np.fill_diagonal(sims, -np.inf)
+    return np.argpartition(-sims, k, axis=1)[:, :k]
+
+
+def embedding_measures(
+    outputs: np.ndarray[Any, Any], data: EvalSet, reference: np.ndarray[Any, Any]
+) -> dict[str, float]:
+    """How well a variant's embeddings stand in for FP32's on EVAL's texts.
+
+    - ``cosine``: the mean cosine of each text's vector to FP32's vector of it;
+    - ``recall_at_10``: the FP32 vectors of the EVAL texts are the index; each text is a
+      query, embedded by the variant, searched exactly against that index (its own row left
+      out) and compared with the 10 neighbours FP32's query finds there: the mean share found;
+    - ``quality``: what optimize ranks and gates on, ``min(cosine, 1 - (1 - recall) / 3)``,
+      so that a variant is within the tolerance t of FP32 (1.0) only when its cosine is at
+      least 1 - t and its recall@10 at least 1 - 3t (0.99 and 0.97 at the default 0.01).
+    """
+    got, ref = _sentence_vectors(outputs, data), _sentence_vectors(reference, data)
+    if len(ref) <= RECALL_K:
+        raise ConfigError(f"metric 'embedding' needs more than {RECALL_K} EVAL rows (its recall@{RECALL_K})")
+    k = RECALL_K
+    cosine = float(np.mean(np.sum(got * ref, axis=1)))
+    found, truth = _neighbours(got, ref, k), _neighbours(ref, ref, k)
+    recall = float(
+        np.mean([len(set(a) & set(b)) / k for a, b in zip(found.tolist(), truth.tolist(), strict=True)])
+    )
+    quality = min(cosine, 1.0 - (1.0 - recall) / RECALL_SLACK)
+    return {"cosine": cosine, "recall_at_10": recall, "quality": quality}
 
 
 @dataclass

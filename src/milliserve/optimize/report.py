@@ -132,6 +132,26 @@ def write_reports(report: OptimizeReport, output: Path) -> None:
             f"{r.get(f'p50_b{big}_us', 0):.1f} | {r.get(f'throughput_b{big}', 0):,.0f} | "
             f"{r['size_bytes'] / 1024:,.0f} | {r['note']} |"
         )
+    measured = [r for r in report.rows if not r["skipped"] and r.get("measures")]
+    if measured:
+        lines += [
+            "",
+            "### Embedding quality",
+            "",
+            "Each variant's vectors of the evaluation texts against FP32's: the mean cosine, and "
+            "recall@10 of exact search over FP32's vectors of the same texts (each text a query, its "
+            "own row left out) against FP32's own neighbours. Quality is the lower of the cosine and "
+            "1 - (1 - recall@10) / 3: within a tolerance t only with cosine >= 1 - t and recall@10 "
+            ">= 1 - 3t.",
+            "",
+            "| variant | cosine | recall@10 | quality |",
+            "|---|---|---|---|",
+        ]
+        for r in measured:
+            m = r["measures"]
+            lines.append(
+                f"| {r['name']} | {m['cosine']:.4f} | {m['recall_at_10']:.4f} | {m['quality']:.4f} |"
+            )
     searched = [r for r in report.rows if r.get("search")]
     for r in searched:
         lines += [
