@@ -289,6 +289,25 @@ def main() -> None:
             f"| {errors} |"
         )
     print("\n".join(lines))
+    # the README's results table: milliserve (batching on, its default) against the peer with
+    # the most req/s at 8 connections, on that and on p50 at one connection
+    ours = "milliserve, batching on"
+    peers = [n for n in names if not n.startswith("milliserve")]
+    best = max(peers, key=lambda n: med(n, 8, "rps"))
+    headline = [
+        {
+            "measure": "fraud_mlp req/s at 8 connections, OIP JSON",
+            "milliserve": f"{med(ours, 8, 'rps'):,.0f}",
+            "against": f"{best} (the peer with the most), {med(best, 8, 'rps'):,.0f}",
+            "ratio": f"{med(ours, 8, 'rps') / med(best, 8, 'rps'):.2f}×",
+        },
+        {
+            "measure": "fraud_mlp p50 at 1 connection, OIP JSON (lower is better)",
+            "milliserve": f"{med(ours, 1, 'p50'):,.0f} µs",
+            "against": f"{best}, {med(best, 1, 'p50'):,.0f} µs",
+            "ratio": f"{med(ours, 1, 'p50') / med(best, 1, 'p50'):.2f}×",
+        },
+    ]
     if not args.quick:
         write_section(
             "peers",
@@ -304,6 +323,7 @@ def main() -> None:
                     "workers swept": peer_settings.WORKERS_SWEPT,
                 },
                 "rounds": args.rounds,
+                "headline": headline,
                 "values": results,  # server -> concurrency -> its `milliserve bench` level per round
             },
         )
