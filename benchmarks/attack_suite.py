@@ -31,7 +31,7 @@ from results_store import brief
 from server_overhead import cpu_description
 
 from milliserve.drills.h2_attacks import H2_ATTACKS
-from milliserve.drills.llm_attacks import LLM_ATTACKS, LlmTarget, run_llm_attacks
+from milliserve.drills.llm_attacks import LLM_ATTACKS
 from milliserve.drills.stop_drills import DrillResult, crash_drill, sigterm_drill
 from milliserve.drills.tensor_attacks import ATTACKS, BASELINE, Attack, AttackResult, Target, run_attacks
 from milliserve.examples.build import build_examples
@@ -350,8 +350,22 @@ def llm_section(out: Path | None, quick: bool) -> None:
     build_examples(repo, only=["smollm2"])
     with ServerProcess(repo) as srv:
         assert srv.proc is not None
-        target = LlmTarget("127.0.0.1", srv.http_port, srv.metrics_url, srv.proc.pid, quick=quick)
-        results = run_llm_attacks(target, LLM_ATTACKS, progress=lambda n: print("llm:", n, flush=True))
+        target = Target(
+            "127.0.0.1",
+            srv.http_port,
+            0,
+            srv.proc.pid,
+            metrics_url=srv.metrics_url,
+            model="smollm2",
+            quick=quick,
+        )
+        results = run_attacks(
+            target,
+            LLM_ATTACKS,
+            progress=lambda n: print("llm:", n, flush=True),
+            settle_timeout_s=60,
+            clients=("stream",),
+        )
         alive = srv.proc.poll() is None
         tracebacks = srv.logs().count("Traceback")
     shutil.rmtree(repo.parent, ignore_errors=True)
@@ -361,9 +375,10 @@ def llm_section(out: Path | None, quick: bool) -> None:
         f"Numbers from `python benchmarks/attack_suite.py --llm-only` at commit `{commit()}`: one "
         "`milliserve serve` of the smollm2 example as shipped (budget `ttft_ms` 1000, 8 sequences, "
         "`max_queue` 64), the attacks of `milliserve.drills.llm_attacks` sent one after another from "
-        "127.0.0.1 while a well-behaved client on 127.0.0.2 asks for a streamed 4-token chat every "
-        "0.2 s. Its TTFT is what the attack cost others (goal: within 3 s); 'running after' is the "
-        "engine's running sequences once the attack is over (goal: 0).",
+        "127.0.0.1 while a well-behaved client on 127.0.0.2, in a process of its own, asks for a "
+        "streamed 4-token chat every 0.2 s. Its TTFT is what the attack cost others (goal: within "
+        "3 s). An attack's window closes as in the attack suite above, once no sequence is running "
+        "too; 'running after' is the engine's running sequences then (goal: 0).",
         "",
         f"- **Machine:** {_machine()}.",
         "",
@@ -373,10 +388,10 @@ def llm_section(out: Path | None, quick: bool) -> None:
     ]
     for attack, r in zip(LLM_ATTACKS, results, strict=True):
         answers = ", ".join(f"{k} ×{v}" for k, v in sorted(r.statuses.items()))
-        refused = ", ".join(f"{k} ×{v}" for k, v in sorted(r.good_failures.items())) or "none"
+        refused = ", ".join(f"{k} ×{v}" for k, v in sorted(r.stream.failures.items())) or "none"
         lines.append(
-            f"| {attack.name} | {answers} | {r.seconds:.1f} | {len(r.good_ttfts)} | "
-            f"{r.good_worst_s * 1e3:.0f} | {refused} | {r.running_after:.0f} | "
+            f"| {attack.name} | {answers} | {r.seconds:.1f} | {r.stream.answered} | "
+            f"{r.stream.worst_s * 1e3:.0f} | {refused} | {r.running_after:.0f} | "
             f"{r.rss_growth / 2**20:.1f} | {'yes' if r.ok(attack) else '**no**'} |"
         )
     lines += [
@@ -385,7 +400,7 @@ def llm_section(out: Path | None, quick: bool) -> None:
         "",
     ]
     pairs = zip(LLM_ATTACKS, results, strict=True)
-    refusals = [(a.name, m) for a, r in pairs for m in r.good_examples.values()]
+    refusals = [(a.name, m) for a, r in pairs for m in r.stream.examples.values()]
     if refusals:
         lines += ["What the good client was told when refused:", ""]
         lines += [f"- {name}: `{message[:240]}`" for name, message in refusals]

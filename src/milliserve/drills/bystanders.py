@@ -8,9 +8,15 @@ part this). Here the good clients run in a spawned process, each recording every
 it makes (when it was sent, how long it took, how it ended); ``window`` picks the ones that
 overlapped an interval.
 
-- **HTTP:** ``fraud_mlp`` over one keep-alive connection (JSON, one row), a request every
+- **http:** ``fraud_mlp`` over one keep-alive connection (JSON, one row), a request every
   ``http_interval_s`` (the next one is sent that long after the last answer);
-- **gRPC:** ``fraud_mlp`` over one channel, a call every ``grpc_interval_s``.
+- **grpc:** ``fraud_mlp`` over one channel, a call every ``grpc_interval_s``;
+- **stream:** a generation server's model: a short streamed chat completion from another
+  address (``GOOD_SOURCE``: another host, as the server sees it) every
+  ``stream_interval_s``; its wait is the time to the first content chunk.
+
+Which clients run is the caller's (``clients``): a tensor server gets ``http`` and ``grpc``,
+a generation server ``stream``.
 """
 
 from __future__ import annotations
@@ -29,11 +35,19 @@ from typing import Any
 import numpy as np
 import orjson
 
-__all__ = ["Bystanders", "Waits"]
+from milliserve.drills.generation_wire import GOOD_SOURCE, good_stream
+from milliserve.drills.target import Target
+
+__all__ = ["CLIENTS", "Bystanders", "Waits"]
+
+CLIENTS = ("http", "grpc", "stream")
 
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
 # one sample: (client, sent at (perf_counter, the same clock in every process), seconds, status)
 Sample = tuple[str, float, float, str]
+# one good request: its status ("ok" when answered) and its wait, None for the whole call
+# (the stream client's is the time to its first token)
+Call = Callable[[], tuple[str, float | None]]
 
 
 @dataclass
@@ -45,11 +59,16 @@ class Waits:
     worst_s: float = 0.0
     p99_s: float = 0.0
     p50_s: float = 0.0
+    # a failure's whole status per code, where it says more ("429: model 'smollm2': ...")
+    examples: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, samples: list[tuple[float, str]]) -> Waits:
         waits = sorted(s for s, _ in samples)
-        out = cls(len(samples), Counter(status for _, status in samples if status != "ok"))
+        failed = [status for _, status in samples if status != "ok"]
+        out = cls(len(samples), Counter(status.split(":", 1)[0] for status in failed))
+        for status in failed:
+            out.examples.setdefault(status.split(":", 1)[0], status)
         if waits:
             out.worst_s = waits[-1]
             # nearest rank: with fewer than 100 samples the p99 is the worst
@@ -61,8 +80,12 @@ class Waits:
     def failed(self) -> int:
         return sum(self.failures.values())
 
+    @property
+    def answered(self) -> int:
+        return self.requests - self.failed
 
-def _http_client(host: str, port: int) -> Callable[[], str]:
+
+def _http_client(host: str, port: int) -> Call:
     x = np.random.default_rng(0).normal(size=(1, 64)).astype(np.float32)
     body = orjson.dumps(
         {"inputs": [{"name": "features", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
@@ -70,7 +93,7 @@ def _http_client(host: str, port: int) -> Callable[[], str]:
     headers = {"Content-Type": "application/json"}
     conn = [http.client.HTTPConnection(host, port, timeout=60)]
 
-    def call() -> str:
+    def call() -> tuple[str, float | None]:
         try:
             conn[0].request("POST", "/v2/models/fraud_mlp/infer", body, headers)
             response = conn[0].getresponse()
@@ -78,16 +101,16 @@ def _http_client(host: str, port: int) -> Callable[[], str]:
         except (OSError, http.client.HTTPException) as exc:
             conn[0].close()
             conn[0] = http.client.HTTPConnection(host, port, timeout=60)
-            return type(exc).__name__
+            return type(exc).__name__, None
         if response.getheader("connection", "").lower() == "close":
             conn[0].close()
             conn[0] = http.client.HTTPConnection(host, port, timeout=60)
-        return "ok" if response.status == 200 else str(response.status)
+        return "ok" if response.status == 200 else str(response.status), None
 
     return call
 
 
-def _grpc_client(host: str, port: int) -> Callable[[], str]:
+def _grpc_client(host: str, port: int) -> Call:
     import grpc
 
     from milliserve.protocol.proto import oip_pb2 as pb
@@ -103,29 +126,46 @@ def _grpc_client(host: str, port: int) -> Callable[[], str]:
     inp.shape.extend([1, 64])
     msg.raw_input_contents.append(np.zeros((1, 64), np.float32).tobytes())
 
-    def one() -> str:
+    def one() -> tuple[str, float | None]:
         try:
             call(msg, timeout=60)
         except grpc.RpcError as exc:
-            return exc.code().name  # type: ignore[no-any-return]
-        return "ok"
+            return exc.code().name, None
+        return "ok", None
 
     return one
 
 
-def _loop(name: str, call: Callable[[], str], interval_s: float, out: Any, stop: EventType) -> None:
+def _stream_client(target: Target) -> Call:
+    def one() -> tuple[str, float | None]:
+        try:
+            status, ttft = good_stream(target, GOOD_SOURCE)
+        except OSError as exc:
+            return f"error: {exc.__class__.__name__}", None
+        return ("ok", ttft) if status == "200" else (status, None)
+
+    return one
+
+
+def _loop(name: str, call: Call, interval_s: float, out: Any, stop: EventType) -> None:
     while not stop.wait(interval_s):
         t0 = time.perf_counter()
-        status = call()
-        out.put((name, t0, time.perf_counter() - t0, status))
+        status, wait = call()
+        out.put((name, t0, time.perf_counter() - t0 if wait is None else wait, status))
 
 
-def _main(
-    host: str, http_port: int, grpc_port: int, intervals: tuple[float, float], out: Any, stop: EventType
-) -> None:
+def _client(name: str, target: Target) -> Call:
+    if name == "http":
+        return _http_client(target.host, target.http_port)
+    if name == "grpc":
+        return _grpc_client(target.host, target.grpc_port)
+    return _stream_client(target)
+
+
+def _main(target: Target, intervals: dict[str, float], out: Any, stop: EventType) -> None:
     threads = [
-        threading.Thread(target=_loop, args=("http", _http_client(host, http_port), intervals[0], out, stop)),
-        threading.Thread(target=_loop, args=("grpc", _grpc_client(host, grpc_port), intervals[1], out, stop)),
+        threading.Thread(target=_loop, args=(name, _client(name, target), interval, out, stop))
+        for name, interval in intervals.items()
     ]
     for th in threads:
         th.start()
@@ -134,27 +174,27 @@ def _main(
 
 
 class Bystanders:
-    """The good HTTP and gRPC clients of ``host``, in their own process while the context
-    is open."""
+    """The good clients of ``target`` (``clients``, of ``CLIENTS``), in their own process
+    while the context is open."""
 
     def __init__(
         self,
-        host: str,
-        http_port: int,
-        grpc_port: int,
+        target: Target,
+        clients: tuple[str, ...] = ("http", "grpc"),
         http_interval_s: float = 0.002,
         grpc_interval_s: float = 0.1,
+        stream_interval_s: float = 0.2,
     ) -> None:
-        self.http_interval_s = http_interval_s
-        self.grpc_interval_s = grpc_interval_s
+        unknown = set(clients) - set(CLIENTS)
+        if unknown or not clients:
+            raise ValueError(f"good clients {sorted(unknown) or '(none)'}: expected some of {CLIENTS}")
+        self.clients = clients
+        every = {"http": http_interval_s, "grpc": grpc_interval_s, "stream": stream_interval_s}
+        intervals = {name: every[name] for name in clients}
         ctx = multiprocessing.get_context("spawn")  # no fork of a process with grpc's threads
         self._out: Any = ctx.Queue()
         self._stop = ctx.Event()
-        self._proc = ctx.Process(
-            target=_main,
-            args=(host, http_port, grpc_port, (http_interval_s, grpc_interval_s), self._out, self._stop),
-            daemon=True,
-        )
+        self._proc = ctx.Process(target=_main, args=(target, intervals, self._out, self._stop), daemon=True)
         self._samples: list[Sample] = []
         self.last: list[Sample] = []  # the samples of the latest window
         self._lock = threading.Lock()
@@ -193,7 +233,7 @@ class Bystanders:
         while time.perf_counter() < end and self._proc.is_alive():
             with self._lock:
                 seen = {name for name, sent, _, _ in reversed(self._samples[-2000:]) if sent >= t}
-            if seen >= {"http", "grpc"}:
+            if seen >= set(self.clients):
                 return
             time.sleep(0.01)
 
@@ -204,7 +244,7 @@ class Bystanders:
         self.answered_since(t1)
         with self._lock:
             samples, self._samples = self._samples, [s for s in self._samples if s[1] > t1]
-        picked: dict[str, list[tuple[float, str]]] = {"http": [], "grpc": []}
+        picked: dict[str, list[tuple[float, str]]] = {name: [] for name in self.clients}
         after: dict[str, tuple[float, float, str]] = {}
         self.last = [s for s in samples if s[1] <= t1 and s[1] + s[2] >= t0]  # for a closer look
         for name, sent, took, status in samples:

@@ -8,6 +8,7 @@ import collections
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["cpu_rate", "cpu_seconds", "rss_bytes", "tree", "wait_until_quiet", "workers_of"]
@@ -66,11 +67,19 @@ def cpu_rate(pid: int, seconds: float) -> float:
     return (cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
 
 
-def wait_until_quiet(pid: int, quiet_rate: float, timeout_s: float = 20.0, sample_s: float = 0.25) -> bool:
+def wait_until_quiet(
+    pid: int,
+    quiet_rate: float,
+    timeout_s: float = 20.0,
+    sample_s: float = 0.25,
+    idle: Callable[[], bool] | None = None,
+) -> bool:
     """Wait until the server has used no more CPU than ``quiet_rate`` (measured beforehand
     with the same clients calling, by :func:`cpu_rate`) with some slack, over two samples in a
     row: the work an attack left behind (batches computing for clients that left, buffers
-    being freed) is over. False if it was still busy after ``timeout_s``."""
+    being freed) is over; with ``idle``, that must hold at the end of the second sample too
+    (a generation server's running sequences: none). False if it was still busy after
+    ``timeout_s``."""
     # a sample of 0.25 s sees CPU time in clock ticks (10 ms): a tick or two is noise
     limit = quiet_rate * 1.5 + 2.5 / os.sysconf("SC_CLK_TCK") / sample_s
     cpu, now = cpu_seconds(pid), time.perf_counter()
@@ -80,7 +89,7 @@ def wait_until_quiet(pid: int, quiet_rate: float, timeout_s: float = 20.0, sampl
         cpu_then, then = cpu, now
         cpu, now = cpu_seconds(pid), time.perf_counter()
         calm = calm + 1 if (cpu - cpu_then) / (now - then) <= limit else 0
-        if calm >= 2:
+        if calm >= 2 and (idle is None or idle()):
             return True
     return False
 
