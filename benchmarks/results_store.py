@@ -138,7 +138,7 @@ SOURCES: dict[str, list[str]] = {
     ],
     "benchmarks/hedging.py": ["src/milliserve/pipeline/hedge.py", *_SERVER, *_ORT],
     "benchmarks/cascade.py": ["src/milliserve/pipeline/cascade.py", *_SERVER, *_ORT],
-    "benchmarks/edge.py": ["src/milliserve/edge", "src/milliserve/cli/edge.py", *_SERVER, *_ORT],
+    "benchmarks/edge.py": ["src/milliserve/edge", "src/milliserve/cli/edge_cmd.py", *_SERVER, *_ORT],
     "benchmarks/workers.py": [
         "src/milliserve/server/workers.py",
         "src/milliserve/server/worker_process.py",

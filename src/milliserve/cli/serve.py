@@ -1,13 +1,14 @@
-"""``milliserve serve``'s flags as settings: merged into the environment's settings and
-validated once, together, so that a wrong value stops the start naming the flag (or the
-variable) it came from."""
+"""``milliserve serve``: its flags, and the flags as settings: merged into the environment's
+settings and validated once, together, so that a wrong value stops the start naming the flag
+(or the variable) it came from."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-__all__ = ["UsageError", "parse_bool", "serve_settings"]
+__all__ = ["UsageError", "add_serve_parser", "parse_bool", "serve_settings"]
 
 
 class UsageError(Exception):
@@ -82,3 +83,111 @@ def serve_settings(args: argparse.Namespace) -> Any:
     if settings.model_repository is None:
         raise UsageError("no model repository: give MODEL_REPOSITORY or set MILLISERVE_MODEL_REPOSITORY")
     return settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from milliserve.observability.logs import configure_logging
+    from milliserve.server.app import serve
+
+    settings = serve_settings(args)
+    configure_logging(settings.log_level)
+    return serve(settings)
+
+
+def add_serve_parser(sub: Any) -> None:
+    """``serve``."""
+    s = sub.add_parser("serve", help="serve a model repository over HTTP and gRPC")
+    s.add_argument(
+        "model_repository",
+        type=Path,
+        nargs="?",
+        default=None,
+        metavar="MODEL_REPOSITORY",
+        help="the model repository (default: $MILLISERVE_MODEL_REPOSITORY)",
+    )
+    s.add_argument("--http-port", type=int, default=None, help="default 8000")
+    s.add_argument("--grpc-port", type=int, default=None, help="default 8001")
+    s.add_argument("--metrics-port", type=int, default=None, help="default 8002")
+    s.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    s.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        default=None,
+        help="none: load every model at start (default); poll: and follow the repository's "
+        "changes; explicit: the repository load/unload API decides (as Triton)",
+    )
+    s.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=None,
+        metavar="S",
+        help="in poll mode, how often the repository is read for changes (default 15)",
+    )
+    s.add_argument(
+        "--shared-memory",
+        choices=("off", "system"),
+        default=None,
+        help="system: Triton's system shared-memory extension for clients on this machine (default off)",
+    )
+    s.add_argument(
+        "--shared-memory-key-prefix",
+        default=None,
+        metavar="PREFIX",
+        help="shared-memory keys clients may register must start with PREFIX, e.g. /myapp_ (default: any)",
+    )
+    s.add_argument(
+        "--load-model",
+        action="append",
+        metavar="NAME",
+        help="in explicit mode, load NAME at start ('*' for all); repeatable",
+    )
+    s.add_argument("--max-request-bytes", type=int, default=None, help="request body limit (default 32 MiB)")
+    s.add_argument("--log-level", default=None)
+    s.add_argument(
+        "--redis-url",
+        default=None,
+        help="Redis for response caches with backend redis (default redis://127.0.0.1:6379/0)",
+    )
+    s.add_argument(
+        "--auth-token",
+        default=None,
+        help="require this token (Authorization: Bearer, or x-api-key) on inference, metadata and "
+        "repository calls; health and metrics stay open (env MILLISERVE_AUTH__TOKEN)",
+    )
+    s.add_argument(
+        "--strict-readiness",
+        type=parse_bool,
+        default=None,
+        metavar="true|false",
+        help="ready only while every model that should serve does (default true, as Triton)",
+    )
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N processes sharing the ports, each with its own models (default 1; docs/deploy.md)",
+    )
+    s.add_argument(
+        "--edge",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="serve the browser bundles in DIR (milliserve edge build) at /edge/<model>/ (default off)",
+    )
+    s.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="export OpenTelemetry traces per stage over OTLP/HTTP to URL (a collector's base URL, "
+        "as OTEL_EXPORTER_OTLP_ENDPOINT; default off)",
+    )
+    s.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        default=None,
+        metavar="R",
+        help="with --otlp-endpoint: the share of requests traced that bring no traceparent "
+        "(default 0.01; a caller's sampled flag is always followed; OTEL_TRACES_SAMPLER replaces it)",
+    )
+    s.set_defaults(func=_serve)

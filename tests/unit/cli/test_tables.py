@@ -11,7 +11,7 @@ import pytest
 
 from milliserve.budget import report as budget
 from milliserve.budget.report import BudgetReport, StageRow
-from milliserve.cli.main import _budget_report
+from milliserve.cli.budget_cmd import _budget_report
 
 STAGES = ("parse", "preprocess", "queue", "infer", "postprocess", "serialize")
 
