@@ -31,7 +31,7 @@ from report_sections import bench_level, commit, write_section
 from server_overhead import cpu_description
 from tokenizers import Tokenizer
 
-from milliserve.budget.report import budget_report
+from milliserve.budget.stage_report import budget_report
 from milliserve.examples.build import build_examples
 from milliserve.examples.fraud import USER_FEATURES
 from milliserve.examples.sentiment import splits

@@ -284,7 +284,7 @@ def _schema_fields() -> tuple[set[str], set[str]]:
     keys are free: ``stages {queue, infer}``, ``parameters``)."""
     from pydantic import BaseModel
 
-    from milliserve.config import model_config, sequence, steps
+    from milliserve.config import model_config, sequence_batching, step_config
 
     names: set[str] = set()
     mappings: set[str] = set()
@@ -303,7 +303,7 @@ def _schema_fields() -> tuple[set[str], set[str]]:
                 elif isinstance(t, type) and issubclass(t, BaseModel):
                     visit(t)
 
-    for module in (model_config, sequence, steps):
+    for module in (model_config, sequence_batching, step_config):
         for value in vars(module).values():
             if (
                 isinstance(value, type)

@@ -12,7 +12,7 @@ value that was measured, never an interpolation between two: with 100 samples th
 the 99th smallest, and with fewer than 100 it is the largest. p = 100 is the maximum.
 
 Prometheus histograms are the one thing estimated otherwise: from bucket counts, inside a
-bucket, as Prometheus' ``histogram_quantile`` does (``milliserve.budget.report``), because
+bucket, as Prometheus' ``histogram_quantile`` does (``milliserve.budget.stage_report``), because
 the samples themselves are gone.
 """
 

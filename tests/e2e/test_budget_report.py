@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from milliserve.budget.report import percentile_from_buckets
+from milliserve.budget.stage_report import percentile_from_buckets
 from milliserve.testing import ServerProcess
 
 pytestmark = pytest.mark.e2e

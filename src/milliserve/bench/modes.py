@@ -1,7 +1,7 @@
 """What differs between ``milliserve bench``'s modes, and nothing else: how a run's requests
 are built, which figures a level has, how the report shows them, and which zero-latency
 server calibrates the tool. The load generator, the levels, the A/B rounds and the report's
-frame are shared (loadgen.py, runner.py, report.py).
+frame are shared (loadgen.py, runner.py, run_report.py).
 
 - ``tensor``: any Open Inference Protocol server, over HTTP or gRPC (workload.py).
 - ``embeddings``: OpenAI's ``/v1/embeddings`` (embeddings_workload.py); latency as the
@@ -26,9 +26,9 @@ from milliserve.bench.llm_results import LlmLevelResult, Slo, summarize_llm
 from milliserve.bench.llm_workload import ENDPOINTS, build_llm_workload
 from milliserve.bench.loadgen import LoadWorkload, WorkerPool
 from milliserve.bench.openai_target import default_embedding_model, default_model, parse_api_target
-from milliserve.bench.options import BenchConfig
 from milliserve.bench.records import Records
 from milliserve.bench.results import LevelResult, summarize
+from milliserve.bench.run_options import BenchConfig
 from milliserve.bench.workload import build_workload, parse_target
 from milliserve.errors import ConfigError
 

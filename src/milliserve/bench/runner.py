@@ -20,8 +20,8 @@ from typing import Any
 from milliserve.bench.cold_start import measure_cold_start
 from milliserve.bench.loadgen import WorkerPool
 from milliserve.bench.modes import MODES, Level, Mode, Window
-from milliserve.bench.options import BenchConfig
 from milliserve.bench.records import Records
+from milliserve.bench.run_options import BenchConfig
 from milliserve.bench.server_metrics import scrape, server_split
 from milliserve.bench.workload import Workload
 from milliserve.errors import ConfigError

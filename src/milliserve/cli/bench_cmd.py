@@ -129,7 +129,7 @@ def _progress() -> Iterator[Callable[[str, float], None]]:
 def _bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from milliserve.bench.report import print_report, write_csv, write_json
+    from milliserve.bench.run_report import print_report, write_csv, write_json
     from milliserve.bench.runner import BenchConfig, run_bench
     from milliserve.plotting import pyplot
 

@@ -13,7 +13,7 @@ __all__ = ["add_budget_parser"]
 def _budget_report(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from milliserve.budget.report import budget_report, plot_waterfall
+    from milliserve.budget.stage_report import budget_report, plot_waterfall
     from milliserve.cli.console import table_console
     from milliserve.plotting import pyplot
 

@@ -16,8 +16,8 @@ from google.protobuf import json_format, text_format
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from milliserve.config.base import Strict as _Strict
-from milliserve.config.sequence import SequenceBatching
-from milliserve.config.steps import Ensembling, Features, TokenizerConfig
+from milliserve.config.sequence_batching import SequenceBatching
+from milliserve.config.step_config import Ensembling, Features, TokenizerConfig
 from milliserve.errors import ConfigError
 from milliserve.protocol.datatypes import config_type_to_oip
 from milliserve.protocol.proto import oip_pb2
@@ -260,7 +260,7 @@ class ModelConfig(_Strict):
     input: tuple[TensorConfig, ...] = ()
     output: tuple[TensorConfig, ...] = ()
     dynamic_batching: DynamicBatching | None = None
-    sequence_batching: SequenceBatching | None = None  # stateful models (config/sequence.py)
+    sequence_batching: SequenceBatching | None = None  # stateful models (config/sequence_batching.py)
     instance_group: tuple[InstanceGroup, ...] = ()
     parameters: dict[str, str] = {}
     model_warmup: tuple[WarmupSpec, ...] = ()

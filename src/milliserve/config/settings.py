@@ -80,8 +80,8 @@ class HttpSettings(BaseModel):
 
 class GrpcSettings(BaseModel):
     """The gRPC listener. ``stack``: milliserve's own HTTP/2 server (``native``, the
-    default: server/h2/connection.py) or grpc.aio (``grpcio``, where each limit becomes a grpc
-    core channel argument, server/grpc/options.py; the limits marked native-only do not
+    default: server/h2/h2_connection.py) or grpc.aio (``grpcio``, where each limit becomes a grpc
+    core channel argument, server/grpc/grpcio_options.py; the limits marked native-only do not
     apply there)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from milliserve.config.model_config import ModelConfig, TensorConfig, load_model_config
-from milliserve.config.steps import PipelineStep, Rules, TokenizerConfig
+from milliserve.config.step_config import PipelineStep, Rules, TokenizerConfig
 from milliserve.errors import ConfigError, MilliserveError
 
 __all__ = ["Plan", "plan_bundle"]

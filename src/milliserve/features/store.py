@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from milliserve.config.steps import Features
+from milliserve.config.step_config import Features
 from milliserve.errors import ConfigError, UnavailableError
 from milliserve.redis_client import BoundedRedis, Breaker
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from milliserve.config.steps import TokenizerConfig
+from milliserve.config.step_config import TokenizerConfig
 from milliserve.errors import ConfigError, InvalidInputError
 from milliserve.protocol.types import InferTensor
 from milliserve.road import Call, Offload, Tensors

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from milliserve.config.model_config import ModelConfig
-from milliserve.config.steps import Ann
+from milliserve.config.step_config import Ann
 from milliserve.errors import BackendError, ConfigError, InvalidInputError, MissingDependencyError
 from milliserve.pipeline.ann_index import AnnIndex
 from milliserve.protocol.types import InferTensor

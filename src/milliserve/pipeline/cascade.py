@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from milliserve.config.steps import Cascade, PipelineStep
+from milliserve.config.step_config import Cascade, PipelineStep
 from milliserve.errors import BackendError, ConfigError, DeadlineUnmeetableError
 from milliserve.pipeline.hedge import same_io
 from milliserve.pipeline.steps import ModelCall, tensor

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from milliserve.config.steps import Hedge, PipelineStep
+from milliserve.config.step_config import Hedge, PipelineStep
 from milliserve.errors import ConfigError, MilliserveError, RequestError
 from milliserve.percentiles import percentile
 from milliserve.pipeline.steps import ModelCall

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from milliserve.config.steps import Pooling
+from milliserve.config.step_config import Pooling
 from milliserve.errors import BackendError, InvalidInputError
 from milliserve.pipeline.steps import tensor
 from milliserve.road import Call, Tensors

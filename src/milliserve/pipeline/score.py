@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from milliserve.config.steps import Score
+from milliserve.config.step_config import Score
 from milliserve.errors import BackendError, InvalidInputError
 from milliserve.pipeline.steps import tensor
 from milliserve.road import Call, Tensors

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from milliserve.config.steps import PipelineStep, PythonStep, Rules
+from milliserve.config.step_config import PipelineStep, PythonStep, Rules
 from milliserve.errors import BackendError, ConfigError, MilliserveError
 from milliserve.pipeline import buckets
 from milliserve.protocol.datatypes import numpy_to_oip

@@ -5,7 +5,7 @@ The road is built once, here, from the config:
 
     deadline → [features] → [tokenize] → validate → [cache] → admit → batch/execute
 
-Each is a small object in ``runtime/stages.py``, ``features/`` or ``runtime/execute.py``;
+Each is a small object in ``runtime/stages.py``, ``features/`` or ``runtime/batch_execute.py``;
 nothing below branches on which features a model has.
 """
 
@@ -29,9 +29,9 @@ from milliserve.features.tokenize import TokenizerStep
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.road import Around, Stage, Step, build_road
 from milliserve.runtime.autocomplete import complete_config
+from milliserve.runtime.batch_execute import BatchExecute
 from milliserve.runtime.batcher import BatchPolicy
 from milliserve.runtime.deadline import LatencyEstimator
-from milliserve.runtime.execute import BatchExecute
 from milliserve.runtime.executor import Executor
 from milliserve.runtime.sequence_execute import SequenceExecute
 from milliserve.runtime.servable import ClientInputs, RoadServable

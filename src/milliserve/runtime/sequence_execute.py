@@ -1,7 +1,7 @@
 """The terminal of a stateful model's road: the sequence batcher (``sequence_batching``).
 
 It reads a request's sequence parameters (``sequence_id``, a uint64 or a string;
-``sequence_start``; ``sequence_end``), queues it on its sequence (runtime/sequence.py),
+``sequence_start``; ``sequence_end``), queues it on its sequence (runtime/sequence_scheduler.py),
 and runs each batch: the requests' inputs row by row, the control inputs the config
 declares (START, END, READY, CORRID), and for implicit state the state each sequence's
 previous request produced (or its initial state when the request starts the sequence).
@@ -24,14 +24,14 @@ import numpy as np
 
 from milliserve.backends.base import Backend
 from milliserve.config.model_config import ModelConfig
-from milliserve.config.sequence import ResolvedControl, SequenceBatching, SequenceState
+from milliserve.config.sequence_batching import ResolvedControl, SequenceBatching, SequenceState
 from milliserve.errors import BackendError, ConfigError, InvalidInputError
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.json_codec import flag
 from milliserve.protocol.types import InferTensor
 from milliserve.road import Call, Outputs
 from milliserve.runtime.executor import InstanceWorker
-from milliserve.runtime.sequence import Row, SeqRequest, Sequence, SequenceScheduler
+from milliserve.runtime.sequence_scheduler import Row, SeqRequest, Sequence, SequenceScheduler
 from milliserve.runtime.stats import ModelStats
 from milliserve.runtime.validation import ModelIO
 

@@ -30,8 +30,8 @@ from milliserve.repository.repository import Repository
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.runtime.executor import Executor
 from milliserve.server.auth import Auth
+from milliserve.server.grpc.grpcio_options import server_options
 from milliserve.server.grpc.native import NativeGrpcServer
-from milliserve.server.grpc.options import server_options
 from milliserve.server.grpc.servicer import CallCount, build_grpc_server
 from milliserve.server.h2.limits import Http2Limits
 from milliserve.server.http.app import HttpApp

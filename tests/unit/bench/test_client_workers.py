@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from milliserve.bench.fake_server import fake_server_process
-from milliserve.bench.report import client_line, print_report
+from milliserve.bench.run_report import client_line, print_report
 from milliserve.bench.runner import DEFAULT_WORKERS, BenchConfig, client_workers, run_bench
 from milliserve.cli.main import build_parser
 from milliserve.errors import ConfigError

@@ -14,8 +14,8 @@ from rich.console import Console
 from milliserve.bench.embeddings_workload import BUILTIN_TEXTS, build_embeddings_workload, load_texts
 from milliserve.bench.fake_openai import fake_openai_process
 from milliserve.bench.openai_target import parse_api_target
-from milliserve.bench.report import print_report
 from milliserve.bench.results import LevelResult
+from milliserve.bench.run_report import print_report
 from milliserve.bench.runner import BenchConfig, run_bench
 from milliserve.errors import ConfigError
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from milliserve.budget import report as budget
-from milliserve.budget.report import BudgetReport, StageRow
+from milliserve.budget import stage_report as budget
+from milliserve.budget.stage_report import BudgetReport, StageRow
 from milliserve.cli.budget_cmd import _budget_report
 
 STAGES = ("parse", "preprocess", "queue", "infer", "postprocess", "serialize")

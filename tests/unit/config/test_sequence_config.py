@@ -1,4 +1,4 @@
-"""``sequence_batching`` (config/sequence.py): Triton's configs load, wrong ones are refused
+"""``sequence_batching`` (config/sequence_batching.py): Triton's configs load, wrong ones are refused
 with the field named, and the section goes back out as Triton's JSON and protobuf."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from milliserve.config.steps import TokenizerConfig
+from milliserve.config.step_config import TokenizerConfig
 from milliserve.errors import InvalidInputError
 from milliserve.examples.minilm import tokenizer_path
 from milliserve.features.tokenize import OFFLOAD_BYTES, TokenizerStep

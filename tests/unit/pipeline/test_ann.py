@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from milliserve.config.model_config import load_model_config
-from milliserve.config.steps import Ann, PipelineStep
+from milliserve.config.step_config import Ann, PipelineStep
 from milliserve.errors import BackendError, ConfigError, InvalidInputError
 from milliserve.pipeline.ann import OFFLOAD_ROWS, AnnStep, tensor_dim
 from milliserve.pipeline.ann_index import AnnIndex, HnswParams

@@ -179,7 +179,7 @@ def test_which_pipelines_batch() -> None:
 
 
 def _rules() -> Any:
-    from milliserve.config.steps import Rules
+    from milliserve.config.step_config import Rules
 
     return Rules.model_validate({"input": "p", "labels": ["a", "b"], "output": "label"})
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from milliserve.config.steps import PipelineStep
+from milliserve.config.step_config import PipelineStep
 from milliserve.errors import BackendError, ConfigError, DeadlineUnmeetableError
 from milliserve.pipeline.cascade import CascadeStep, escalated_rows, merge_rows
 from milliserve.pipeline.steps import tensor

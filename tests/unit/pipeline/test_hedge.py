@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from milliserve.config.steps import PipelineStep
+from milliserve.config.step_config import PipelineStep
 from milliserve.errors import BackendError, ConfigError, InvalidInputError
 from milliserve.pipeline.hedge import HedgedCall, LatencyWindow
 from milliserve.pipeline.steps import tensor

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from milliserve.config.model_config import ModelConfig
-from milliserve.config.steps import PipelineStep, Pooling, TokenizerConfig
+from milliserve.config.step_config import PipelineStep, Pooling, TokenizerConfig
 from milliserve.errors import BackendError, InvalidInputError
 from milliserve.examples.minilm import tokenizer_path
 from milliserve.features.tokenize import TokenizerStep
@@ -137,6 +137,6 @@ def test_a_tokenizer_pipeline_batches_through_a_classifier_that_reads_the_mask(t
 
 
 def _rules(source: str = "score", score_output: str | None = None) -> Any:
-    from milliserve.config.steps import Rules
+    from milliserve.config.step_config import Rules
 
     return Rules(input=source, output="label", labels=("a", "b"), score_output=score_output)

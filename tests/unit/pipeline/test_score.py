@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from milliserve.config.model_config import ModelConfig
-from milliserve.config.steps import PipelineStep, Score, TokenizerConfig
+from milliserve.config.step_config import PipelineStep, Score, TokenizerConfig
 from milliserve.errors import InvalidInputError
 from milliserve.examples.minilm import tokenizer_path
 from milliserve.features.tokenize import TokenizerStep

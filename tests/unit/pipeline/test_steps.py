@@ -13,7 +13,7 @@ import pytest
 
 from milliserve.cache.response_cache import CacheFactory
 from milliserve.config.model_config import ModelConfig, load_model_config
-from milliserve.config.steps import PythonStep, Rules
+from milliserve.config.step_config import PythonStep, Rules
 from milliserve.errors import BackendError, ConfigError, InvalidInputError
 from milliserve.pipeline.ensemble import build_steps
 from milliserve.pipeline.steps import PythonCall, RulesStep, tensor

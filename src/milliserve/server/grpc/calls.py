@@ -1,4 +1,4 @@
-"""gRPC calls over the HTTP/2 connection (http2.py): message framing, compression,
+"""gRPC calls over the HTTP/2 connection (server/h2/h2_connection.py): message framing, compression,
 deadlines, status trailers, and the dispatch of each call to the servicer.
 
 Wire format (gRPC's PROTOCOL-HTTP2.md): a request is HEADERS (``:path`` names the method,
@@ -20,7 +20,7 @@ from urllib.parse import quote
 from milliserve.errors import MilliserveError, RequestTooLargeError
 from milliserve.protocol.compression import ENCODINGS, decompress
 from milliserve.server.eager import start_eager
-from milliserve.server.h2.connection import Http2Protocol
+from milliserve.server.h2.h2_connection import Http2Protocol
 from milliserve.server.h2.hpack_codec import literal
 from milliserve.server.h2.stream import Stream
 

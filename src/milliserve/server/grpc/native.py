@@ -1,4 +1,4 @@
-"""milliserve's own gRPC listener: HTTP/2 connections (http2.py) on the server's event
+"""milliserve's own gRPC listener: HTTP/2 connections (server/h2/) on the server's event
 loop, calls dispatched (calls.py) to the one servicer (servicer.py).
 
 Connections are capped in all and per client address; past a cap a connection gets
@@ -19,9 +19,9 @@ from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
 from milliserve.server.grpc.calls import Dispatcher, Method
 from milliserve.server.grpc.servicer import SERVICE_NAME, CallCount, service_methods
-from milliserve.server.h2.connection import Http2Protocol
 from milliserve.server.h2.flow import GrantBudget
 from milliserve.server.h2.frames import ENHANCE_YOUR_CALM
+from milliserve.server.h2.h2_connection import Http2Protocol
 from milliserve.server.h2.limits import ConnectionStats, Http2Limits
 from milliserve.server.h2.turns import TurnBudget
 from milliserve.server.listeners import accept_waiting

@@ -8,7 +8,7 @@
 - ``answers``: answers written as the client's windows allow;
 - ``limits``: what a connection may hold, rates of control frames, what was stopped;
 - ``turns``: how much of the event loop the connections of a listener take per turn;
-- ``connection``: one client connection (``Http2Protocol``), holding the parts above.
+- ``h2_connection``: one client connection (``Http2Protocol``), holding the parts above.
 
 It knows nothing of gRPC or models: ``server/grpc/calls.py`` sees a ``Stream`` per request.
 """

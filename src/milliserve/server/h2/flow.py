@@ -6,7 +6,7 @@ and the grant goes back when the message is taken up (``consumed``). Grants are 
 connection (two messages' worth) and over all the connections of a listener together
 (``GrantBudget``), so partial requests cannot fill the memory. A granted stream can always
 finish its message (it has the window for all of it), so waiting for a grant never
-deadlocks. The connection window is given back as data arrives (connection.py), so one
+deadlocks. The connection window is given back as data arrives (h2_connection.py), so one
 stalled stream never stops the others.
 
 The send side (the client's windows, answers waiting for them) is the connection's own.

@@ -14,8 +14,8 @@ from hpack import Encoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from milliserve.server.h2.connection import Http2Protocol
 from milliserve.server.h2.frames import ACK, PREFACE, SETTINGS, frame
+from milliserve.server.h2.h2_connection import Http2Protocol
 from milliserve.server.h2.hpack_codec import HeaderBlockTooLarge, HpackDecoder, HpackError
 from milliserve.server.h2.limits import ConnectionStats, Http2Limits
 from milliserve.server.h2.stream import Stream

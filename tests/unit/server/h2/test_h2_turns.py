@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from milliserve.server.h2.connection import Http2Protocol
 from milliserve.server.h2.frames import ACK, DATA, END_HEADERS, END_STREAM, HEADERS, PREFACE, SETTINGS, frame
+from milliserve.server.h2.h2_connection import Http2Protocol
 from milliserve.server.h2.hpack_codec import literal
 from milliserve.server.h2.limits import ConnectionStats, Http2Limits
 from milliserve.server.h2.stream import Stream

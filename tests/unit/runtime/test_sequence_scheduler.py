@@ -1,4 +1,4 @@
-"""The sequence batcher's scheduling (runtime/sequence.py) with a runner that records batches:
+"""The sequence batcher's scheduling (runtime/sequence_scheduler.py) with a runner that records batches:
 order within a sequence, one slot per sequence, batching across sequences, the backlog,
 idle sequences released, and requests for sequences that are not live refused."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from milliserve.errors import InvalidInputError
-from milliserve.runtime.sequence import Row, SeqRequest, SequenceScheduler
+from milliserve.runtime.sequence_scheduler import Row, SeqRequest, SequenceScheduler
 from milliserve.testing import wait_until_async
 
 

@@ -1,6 +1,6 @@
 """``sequence_batching``: Triton's schema for stateful models (the sequence batcher).
 
-A model with this section is served by the sequence batcher (runtime/sequence.py): the
+A model with this section is served by the sequence batcher (runtime/sequence_scheduler.py): the
 requests of one sequence (one correlation id) run in order, one at a time, on one model
 instance, and the batcher feeds the model the control inputs it declares (start, end,
 ready, correlation id) and, for implicit state, the state output of the sequence's previous
