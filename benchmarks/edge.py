@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,13 +52,16 @@ import numpy as np
 from report_sections import commit, write_section
 from server_overhead import cpu_description
 
-from milliserve.edge.browser import chromium, offline_page
 from milliserve.edge.bundle import build_bundle
 from milliserve.examples.build import build_examples
 from milliserve.examples.sentiment import LABELS, splits
 from milliserve.examples.sentiment_pipeline import N_EVAL, N_TRAIN, fp32_classifier
 from milliserve.percentiles import percentile, percentiles
 from milliserve.testing import ServerProcess
+
+# the browser the edge tests load pages in: tests/support, not installed with the package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.browser import chromium, offline_page
 
 ROOMY = "budget_ms=1000000"  # the policy is not measured here: the page always answers itself
 # a WebGPU page for the per-request rows: 3 warm-up runs (on a software adapter each MiniLM

@@ -1,5 +1,7 @@
-"""Helpers for testing against milliserve: free ports, a server in a subprocess,
-and a server in this process. Public, so users' own tests can use them too."""
+"""Helpers for testing against milliserve: free ports, a server in a subprocess, a server
+in this process, a real Redis, a shared-memory object as a client makes one, and waiting
+for a condition. Public, so users' own tests can use them too (as ``starlette.testclient``);
+what only milliserve's own suite needs is in ``tests/support``."""
 
 from __future__ import annotations
 
@@ -29,43 +31,9 @@ __all__ = [
     "ServerProcess",
     "SharedMemoryObject",
     "free_port",
-    "pending_requests",
-    "post_status",
-    "slow_body",
     "wait_until",
     "wait_until_async",
 ]
-
-
-def slow_body(batch: int = 1) -> dict[str, Any]:
-    """An OIP JSON body for the tests' ``slow`` model (X [batch, 256, 256] of ones)."""
-    ones = [1.0] * (batch * 256 * 256)
-    return {"inputs": [{"name": "X", "shape": [batch, 256, 256], "datatype": "FP32", "data": ones}]}
-
-
-def post_status(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> int | str:
-    """POST ``body`` as JSON on a fresh connection: the HTTP status, or the error's name."""
-    import httpx
-
-    try:
-        with httpx.Client(timeout=timeout_s) as c:
-            return c.post(url, json=body).status_code
-    except httpx.HTTPError as exc:
-        return type(exc).__name__
-
-
-def pending_requests(metrics_url: str, model: str) -> dict[str, float]:
-    """``model``'s requests held (queued or running), from ``milliserve_pending_request_count``
-    at ``metrics_url``: by ``worker`` label (``""`` for a lone server)."""
-    out: dict[str, float] = {}
-    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
-        text = resp.read().decode()
-    for line in text.splitlines():
-        if line.startswith("milliserve_pending_request_count{") and f'model="{model}"' in line:
-            labels, value = line.rsplit(" ", 1)
-            worker = labels.split('worker="', 1)[1].split('"', 1)[0] if 'worker="' in labels else ""
-            out[worker] = out.get(worker, 0.0) + float(value)
-    return out
 
 
 def wait_until(

@@ -54,7 +54,7 @@ def edge_build() -> EdgeBuild:
 def browser() -> Iterator[object]:
     """Debian's headless Chromium (a Playwright browser context), for the edge tests."""
     pytest.importorskip("playwright.sync_api", reason="the [edge] extra (playwright) is needed")
-    from milliserve.edge.browser import chromium
+    from tests.support.browser import chromium
 
     with chromium() as context:
         yield context

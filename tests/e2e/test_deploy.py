@@ -35,7 +35,8 @@ import httpx
 import pytest
 import yaml
 
-from milliserve.testing import free_port, pending_requests, post_status, slow_body, wait_until
+from milliserve.testing import free_port, wait_until
+from tests.support.probes import pending_requests, post_status, slow_body
 
 pytestmark = pytest.mark.e2e
 

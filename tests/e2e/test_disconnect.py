@@ -15,7 +15,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from milliserve.testing import ServerProcess, pending_requests, wait_until
+from milliserve.testing import ServerProcess, wait_until
+from tests.support.probes import pending_requests
 
 pytestmark = pytest.mark.e2e
 

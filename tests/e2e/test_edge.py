@@ -75,7 +75,7 @@ def bundles(example_repo: Path, tmp_path_factory: pytest.TempPathFactory, edge_b
 @pytest.fixture(scope="module")
 def webgpu_browser() -> Iterator[Any]:
     """Chromium whose pages get a WebGPU adapter (SwiftShader where there is no GPU)."""
-    from milliserve.edge.browser import chromium
+    from tests.support.browser import chromium
 
     with chromium(webgpu=True) as context:
         yield context
@@ -95,7 +95,7 @@ def origin(edge_server: ServerProcess) -> str:
 def _open(
     browser: Any, origin: str, query: str = "", model: str = "sentiment", before: Any = None
 ) -> tuple[Any, list[str]]:
-    from milliserve.edge.browser import offline_page
+    from tests.support.browser import offline_page
 
     page, refused = offline_page(browser, origin)
     errors: list[str] = []

@@ -109,7 +109,7 @@ def served(
 
 
 def _page(browser: Any, origin: str, bundle: str, route: Any = None) -> Any:
-    from milliserve.edge.browser import offline_page
+    from tests.support.browser import offline_page
 
     page, _ = offline_page(browser, origin)
     if route is not None:

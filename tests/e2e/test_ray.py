@@ -23,7 +23,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from milliserve.config.settings import ray_env
-from milliserve.testing import free_port, pending_requests, post_status, slow_body, wait_until
+from milliserve.testing import free_port, wait_until
+from tests.support.probes import pending_requests, post_status, slow_body
 
 pytestmark = pytest.mark.e2e
 

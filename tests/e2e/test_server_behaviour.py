@@ -20,7 +20,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from milliserve.testing import ServerProcess, pending_requests, slow_body, wait_until
+from milliserve.testing import ServerProcess, wait_until
+from tests.support.probes import pending_requests, slow_body
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from milliserve.examples.triton import build_triton_examples
-from milliserve.testing import ServerProcess, SharedMemoryObject, pending_requests, wait_until
+from milliserve.testing import ServerProcess, SharedMemoryObject, wait_until
+from tests.support.probes import pending_requests
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from milliserve.testing import ServerProcess, free_port, pending_requests, post_status, slow_body, wait_until
+from milliserve.testing import ServerProcess, free_port, wait_until
+from tests.support.probes import pending_requests, post_status, slow_body
 
 pytestmark = pytest.mark.e2e
 

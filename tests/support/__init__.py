@@ -1,0 +1,3 @@
+"""What milliserve's own test suite shares beyond ``milliserve.testing`` (the public
+helpers): probes of the suite's models (``probes``) and the browser the edge tests and
+benchmarks/edge.py load pages in (``browser``). Not installed with the package."""
