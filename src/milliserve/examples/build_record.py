@@ -12,16 +12,18 @@ A build whose manifest does not match the environment it would be used in is reb
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from milliserve.optimize.cpu import cpu_info
 
-__all__ = ["MANIFEST", "built_with", "cache_key", "read_manifest", "write_manifest"]
+__all__ = ["MANIFEST", "building", "built_with", "cache_key", "read_manifest", "write_manifest"]
 
 MANIFEST = "manifest.json"
 
@@ -68,3 +70,16 @@ def write_manifest(work: Path, environment: dict[str, Any], **record: Any) -> di
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
     tmp.replace(work / MANIFEST)
     return manifest
+
+
+@contextmanager
+def building(work: Path) -> Iterator[None]:
+    """Hold the cache folder's lock: two processes building at once (a test run beside a
+    benchmark, say) would otherwise delete each other's intermediate files."""
+    work.mkdir(parents=True, exist_ok=True)
+    with (work.parent / f"{work.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

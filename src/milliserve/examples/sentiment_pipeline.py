@@ -31,10 +31,7 @@ INT8 variants cannot be built, and the build refuses before it starts.
 
 from __future__ import annotations
 
-import fcntl
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +41,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from milliserve.errors import MissingDependencyError
-from milliserve.examples.build_record import built_with, cache_key, read_manifest, write_manifest
+from milliserve.examples.build_record import building, built_with, cache_key, read_manifest, write_manifest
 from milliserve.examples.minilm import encoder_model, tokenizer_path
 from milliserve.examples.sentiment import cache_dir, splits, tokenize
 
@@ -323,26 +320,13 @@ def _build_cached(work: Path, environment: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-@contextmanager
-def _building(work: Path) -> Iterator[None]:
-    """Hold the cache folder's lock: two processes building at once (a test run beside a
-    benchmark, say) would otherwise delete each other's intermediate files."""
-    work.mkdir(parents=True, exist_ok=True)
-    with (work.parent / f"{work.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def fp32_classifier() -> Path:
     """The FP32 classifier (MiniLM + head, ``probabilities`` out) that ``optimize`` starts
     from, built (about a minute) when the cache lacks it."""
     work, _ = _work_dir()
     path = work / "full_fp32.onnx"
     if not path.is_file():
-        with _building(work):
+        with building(work):
             if not path.is_file():
                 _fp32_classifier(work, None, splits(N_TRAIN, N_EVAL))
     return path
@@ -367,7 +351,7 @@ def build_sentiment(repo: Path) -> SentimentReport:
     summary = read_manifest(work, environment)
     if summary is None:
         _require_quantizers()
-        with _building(work):
+        with building(work):
             summary = read_manifest(work, environment) or _build_cached(work, environment)
     _install(
         work / "shipped" / "sentiment_model",
