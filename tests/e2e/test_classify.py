@@ -91,3 +91,13 @@ def test_refusals_say_why(
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert words in (error if isinstance(error, str) else error["message"])
+
+
+def test_listed_by_v1_models_as_a_classifier(server: ServerProcess) -> None:
+    by_name = {m["id"]: m for m in httpx.get(f"http://{server.http_url}/v1/models").json()["data"]}
+    assert by_name["sentiment"]["capabilities"] == ["classify"]
+    assert by_name["sentiment_cascade"]["capabilities"] == ["classify"]
+    assert by_name["sentiment"]["object"] == "model" and by_name["sentiment"]["owned_by"] == "milliserve"
+    assert "sentiment_model" not in by_name  # a tensor model: /v2/models/sentiment_model/infer
+    one = httpx.get(f"http://{server.http_url}/v1/models/sentiment").json()
+    assert one["id"] == "sentiment" and one["capabilities"] == ["classify"]

@@ -50,7 +50,7 @@ def _variant(repo: Path, name: str, pooling: str, **tokenizer: Any) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("embeddings")
-    build_minilm_embed(repo)
+    build_minilm_embed(repo, optimized=False)  # FP32: compared with sentence-transformers' vectors
     _variant(repo, "minilm_cls", "{mode: cls, normalize: true}")
     _variant(repo, "minilm_last", "{mode: last_token, normalize: false}")
     _variant(repo, "minilm_mrl", "{mode: mean, dimensions: [256, 128]}", overflow="refuse")
@@ -240,6 +240,8 @@ def test_listed_beside_other_models_and_served_over_oip(server: ServerProcess, c
     assert {"minilm_embed", "minilm_cls", "minilm_last", "minilm_mrl"} <= names
     assert "minilm_tokens" not in names  # the encoder alone is not an embedding model
     assert client.models.retrieve("minilm_embed").id == "minilm_embed"
+    listed = {m["id"]: m for m in httpx.get(f"http://{server.http_url}/v1/models").json()["data"]}
+    assert listed["minilm_embed"]["capabilities"] == ["embed"]  # as infinity's /models says it
     body = {"inputs": [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES", "data": ["hi", "there"]}]}
     doc = httpx.post(f"http://{server.http_url}/v2/models/minilm_embed/infer", json=body).json()
     shapes = {o["name"]: o["shape"] for o in doc["outputs"]}

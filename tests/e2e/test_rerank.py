@@ -202,3 +202,15 @@ def test_the_peer_folder_runs_the_same_graph(server: ServerProcess, repo: Path, 
     r = _post(server, "/rerank", {"query": query, "texts": docs, "raw_scores": True})
     got = {x["index"]: x["score"] for x in r.json()}
     np.testing.assert_allclose([got[i] for i in range(len(docs))], logits.reshape(-1), atol=1e-4)
+
+
+def test_listed_by_v1_models_as_a_reranker(server: ServerProcess) -> None:
+    listed = httpx.get(f"http://{server.http_url}/v1/models").json()["data"]
+    by_name = {m["id"]: m for m in listed}
+    assert by_name["minilm_rerank"]["capabilities"] == ["rerank"]
+    assert "minilm_cross" not in by_name  # the graph alone is no reranker
+    one = httpx.get(f"http://{server.http_url}/v1/models/minilm_rerank").json()
+    assert one == {**by_name["minilm_rerank"], "created": one["created"]}
+    r = httpx.get(f"http://{server.http_url}/v1/models/minilm_cross")
+    assert r.status_code == 400 and "not a generative, embedding, reranking or classifying model" in r.text
+    assert httpx.get(f"http://{server.http_url}/v1/models/nope").status_code == 404

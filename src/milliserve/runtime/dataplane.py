@@ -184,9 +184,20 @@ class DataPlane:
             raise InvalidInputError(f"'model' is required: name the {what} to use ({served})", "model")
         return names[0]
 
-    def embedding_models(self) -> list[Servable]:
-        """The ready embedding models (``GET /v1/models``)."""
-        return [s for s in self.registry.all_ready() if self._embedding_spec(s) is not None]
+    def encoder_capabilities(self) -> dict[str, list[str]]:
+        """Each ready model ``/v1/embeddings``, ``/v1/rerank`` or ``/v1/classify`` serves, with
+        what it serves of ``embed``, ``rerank`` and ``classify`` (``GET /v1/models``, as
+        infinity's ``capabilities``)."""
+        out: dict[str, list[str]] = {}
+        for s in self.registry.all_ready():
+            name = s.config.name
+            if self._embedding_spec(s) is not None:
+                out.setdefault(name, []).append("embed")
+            if rerank_spec(s.config) is not None:
+                out.setdefault(name, []).append("rerank")
+            if classify_spec(s.config) is not None:
+                out.setdefault(name, []).append("classify")
+        return out
 
     # ---- repository ----
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

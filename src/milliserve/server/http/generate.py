@@ -25,7 +25,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from milliserve.errors import (
-    InvalidInputError,
     MalformedRequestError,
     MilliserveError,
     NotFoundError,
@@ -58,6 +57,19 @@ __all__ = ["GenerateRoutes"]
 
 log = logging.getLogger(__name__)
 _GENERATIVE = "a generative model"
+_OPENAI_KINDS = "a generative, embedding, reranking or classifying model"
+
+
+def _model(name: str, capabilities: list[str], created: int) -> dict[str, Any]:
+    """OpenAI's model object, with what the model serves: generate, embed, rerank, classify."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "milliserve",
+        "capabilities": capabilities,
+    }
+
 
 ReadBody = Callable[[Any, Receive], Awaitable[bytes]]
 
@@ -186,25 +198,27 @@ class GenerateRoutes:
         return decode_json_object(body)
 
     # ---- OpenAI ----
+    def _served(self) -> dict[str, list[str]]:
+        """Generative models, then the embedding, reranking and classifying ones, each name
+        once with what it serves (``capabilities``, as infinity's /models says it)."""
+        served = {s.config.name: ["generate"] for s in self.dp.ready_as(EngineClient)}
+        for name, what in self.dp.encoder_capabilities().items():
+            served.setdefault(name, []).extend(what)
+        return served
+
     async def _openai(self, scope: dict[str, Any], receive: Receive, send: Send, rest: list[str]) -> None:
         method = scope["method"]
         if method == "GET" and rest == ["models"]:
             now = int(time.time())
-            # generative models, then embedding models (/v1/embeddings), each name once
-            names = dict.fromkeys(s.config.name for s in self.dp.ready_as(EngineClient))
-            names.update(dict.fromkeys(s.config.name for s in self.dp.embedding_models()))
-            data = [{"id": n, "object": "model", "created": now, "owned_by": "milliserve"} for n in names]
+            data = [_model(n, what, now) for n, what in self._served().items()]
             await self._json(send, {"object": "list", "data": data})
             return
         if method == "GET" and len(rest) == 2 and rest[0] == "models":
-            try:
-                name = self.dp.servable_as(EngineClient, rest[1], what=_GENERATIVE).config.name
-            except InvalidInputError:
-                name = self.dp.embedder(rest[1]).name  # or not a model of the OpenAI API: 400
-            await self._json(
-                send,
-                {"id": name, "object": "model", "created": int(time.time()), "owned_by": "milliserve"},
-            )
+            what = self._served().get(rest[1])
+            if what is None:  # why not: unknown (404), or no model of these routes (400)
+                self.dp.servable_as(EngineClient, rest[1], what=_OPENAI_KINDS)
+                what = ["generate"]
+            await self._json(send, _model(rest[1], what, int(time.time())))
             return
         if method == "POST" and rest == ["responses"]:
             await self._responses(scope, receive, send)
