@@ -38,7 +38,7 @@ import orjson
 from milliserve.drills.generation_wire import GOOD_SOURCE, good_stream
 from milliserve.drills.target import Target
 
-__all__ = ["CLIENTS", "Bystanders", "Waits"]
+__all__ = ["CLIENTS", "Bystanders", "Sample", "Waits"]
 
 CLIENTS = ("http", "grpc", "stream")
 
@@ -236,6 +236,12 @@ class Bystanders:
             if seen >= set(self.clients):
                 return
             time.sleep(0.01)
+
+    def take(self) -> list[Sample]:
+        """Every sample recorded since the last ``take`` or ``window``, oldest first."""
+        with self._lock:
+            out, self._samples = self._samples, []
+        return out
 
     def window(self, t0: float, t1: float) -> dict[str, Waits]:
         """Each client's requests that overlapped [t0, t1] (in flight at some moment of it),

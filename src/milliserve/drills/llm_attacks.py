@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import orjson
 
 from milliserve.drills.attack_runner import Attack, attack
+from milliserve.drills.bystanders import Bystanders, Sample
 from milliserve.drills.generation_wire import GOOD_SOURCE, chat, good_stream, metric, request
 from milliserve.drills.target import Target
 
@@ -212,10 +213,12 @@ LLM_ATTACKS: tuple[Attack, ...] = (
 
 
 class GoodStreamer:
-    """A well-behaved streaming client in a thread of this process, asking again every
-    0.2 s: what tests/e2e/test_llm_admission.py checks admission with. The attack runner
-    does not use it: its good clients run in a process of their own (bystanders.py), so
-    that building an attack's payload here never stalls them."""
+    """The good streaming client (``bystanders``' ``stream``: a short chat from 127.0.0.2
+    every 0.2 s, in a process of its own) as a test watches it while it drives an attack
+    itself: ``thread`` starts it and gathers its answers (times to first token in
+    ``ttfts``, refusals by status in ``failures``, their messages in ``examples``) until
+    ``stop`` is set. tests/e2e/test_llm_admission.py uses it; the attack runner takes
+    ``Bystanders`` directly."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -227,14 +230,16 @@ class GoodStreamer:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self.stop.wait(0.2):
-            try:
-                status, ttft = good_stream(self.target)
-            except OSError as exc:
-                status, ttft = f"error: {exc.__class__.__name__}", float("inf")
-            with self.lock:
-                if status == "200":
-                    self.ttfts.append(ttft)
+        with Bystanders(self.target, ("stream",)) as good:
+            while not self.stop.wait(0.05):
+                self._gather(good.take())
+        self._gather(good.take())
+
+    def _gather(self, samples: list[Sample]) -> None:
+        with self.lock:
+            for _, _, wait, status in samples:
+                if status == "ok":
+                    self.ttfts.append(wait)
                 else:
                     code = status.split(":", 1)[0]
                     self.failures[code] += 1
