@@ -38,8 +38,26 @@ median over the rounds. Each server's vectors for 64 tweets are compared with
 sentence-transformers' own (cosine).
 
 Peers not run here: sentence-transformers' ``backend="openvino"`` (needs optimum-intel, not
-pinned yet) and its int8 exports (a quantized model is not the same model: its vectors move;
-milliserve's own int8 variant is not in this comparison either). TEI (Rust) has no wheel.
+pinned yet) and its int8 exports (a quantized model is not the same model: its vectors move).
+milliserve serves the variant ``optimize`` shipped for ``minilm_embed`` (its report says which
+and how close to FP32; the cosine column shows it too). TEI (Rust) has no wheel.
+
+The rerank and classify parts (``--parts``; issue 63) run in the same way, on their own
+section ("embeddings-scoring"):
+
+- **rerank**: ``POST /v1/rerank`` with one query and 32 tweets (Cohere's body, which infinity
+  takes too) on the example cross-encoder ``minilm_rerank``, against infinity-emb's
+  ``/rerank`` on the same ONNX graph (``write_peer_folder``: a one-label
+  BertForSequenceClassification folder, its ONNX engine, launched from inside the folder as for
+  embeddings). The goal (issue 63): p50 at one connection ≤ 0.8× infinity's, and throughput
+  with p99 ≤ 100 ms ≥ 1.5× infinity's. The scores of both are compared (max difference).
+- **classify**: ``POST /v1/classify`` on the ``sentiment`` pipeline, 1 and 32 texts, its
+  latency budget (``budget: p99_ms: 50``, which refuses a 32-text request that cannot meet it
+  with a 429) taken out of the config, as the peers have none. infinity's
+  ``/classify`` is not run: it loads a Hugging Face sequence-classification model (a CLS
+  pooler and a classifier head, ``logits`` out), and the sentiment model is MiniLM with mean
+  pooling and its own head in one graph that outputs probabilities; there is no same model
+  to give it.
 """
 
 from __future__ import annotations
@@ -69,6 +87,8 @@ from server_overhead import cpu_description
 
 from milliserve.examples.minilm import minilm_dir
 from milliserve.examples.minilm_embed import build_minilm_embed
+from milliserve.examples.minilm_rerank import build_minilm_rerank, write_peer_folder
+from milliserve.examples.sentiment_pipeline import build_sentiment
 from milliserve.testing import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,6 +118,17 @@ P99_LIMIT_MS = 50.0
 LEVELS = {1: (1, 2, 4, 8, 16, 32, 64), 32: (1, 2, 4)}
 QUICK_LEVELS = {1: (1, 4), 32: (1,)}
 MODEL = "minilm_embed"
+PARTS = ("embed", "rerank", "classify")
+RERANK_MODEL, CLASSIFY_MODEL = "minilm_rerank", "sentiment"
+RERANK_DOCS = 32
+RERANK_P99_MS = 100.0  # issue 63's limit for 1 query x 32 documents
+SCORING_LEVELS = {"rerank": (1, 2, 4, 8, 16), "classify": (1, 2, 4, 8, 16, 32)}
+QUICK_SCORING_LEVELS = {"rerank": (1, 2), "classify": (1, 2)}
+INFINITY_CLASSIFY_NOT_RUN = (
+    "infinity-emb's /classify: it loads a Hugging Face sequence-classification model "
+    "(CLS pooler and head, `logits` out) and the sentiment model is MiniLM with mean pooling and its "
+    "own head in one graph with probabilities out, so there is no same model to give it"
+)
 
 
 @dataclass(frozen=True)
@@ -279,10 +310,160 @@ def cosine_to_st(url: str, model: str, sample: list[str], reference: np.ndarray[
     return float(cos.min())
 
 
-def best(levels: list[Level]) -> Level | None:
+def best(levels: list[Level], limit_ms: float = P99_LIMIT_MS) -> Level | None:
     """The highest throughput whose p99 is within the limit."""
-    ok = [lv for lv in levels if lv.p99_ms <= P99_LIMIT_MS]
+    ok = [lv for lv in levels if lv.p99_ms <= limit_ms]
     return max(ok, key=lambda lv: lv.rps) if ok else None
+
+
+@contextmanager
+def serve_scoring(key: str, part: str, repo: Path, work: Path) -> Iterator[str]:
+    """Start server ``key`` ("milliserve" or "infinity-onnx") for ``part`` (rerank or
+    classify); yields the URL of its route."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    model = RERANK_MODEL if part == "rerank" else CLASSIFY_MODEL
+    if part == "rerank":
+        probe = orjson.dumps({"model": model, "query": "warm up", "documents": ["a", "b"]})
+    else:
+        probe = orjson.dumps({"model": model, "input": ["warm up"]})
+    if key == "milliserve":
+        with ServerProcess(repo, env={**env, "MILLISERVE_GRPC__ENABLED": "false"}) as s:
+            url = f"http://{s.http_url}/v1/{part}"
+            _wait(url, probe, None)
+            yield url
+        return
+    folder = write_peer_folder(repo, work / "rerank_peer")  # the same graph, as infinity loads it
+    port = free_port()
+    env |= {"INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}
+    cmd = [str(venv_python("infinity")), "-m", "infinity_emb.cli", "v2", "--served-model-name", model]
+    cmd += ["--port", str(port), "--host", "127.0.0.1", "--device", "cpu", "--batch-size", "32"]
+    cmd += ["--url-prefix", "/v1", "--no-vector-disk-cache", "--model-id", ".", "--engine", "optimum"]
+    url = f"http://127.0.0.1:{port}/v1/rerank"
+    with _process(cmd, env, folder) as proc:
+        _wait(url, probe, proc)
+        yield url
+
+
+def rerank_scores(url: str, query: str, documents: list[str]) -> np.ndarray[Any, Any]:
+    """Each document's relevance score, in the order sent (Cohere's answer, infinity's too)."""
+    body = orjson.dumps({"model": RERANK_MODEL, "query": query, "documents": documents})
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        doc = orjson.loads(r.read())
+    scores = np.full(len(documents), np.nan)
+    for row in doc["results"]:
+        scores[row["index"]] = row["relevance_score"]
+    return scores
+
+
+def scoring_part(
+    part: str, peers: list[str], rounds: int, seconds: float, quick: bool, work: Path
+) -> list[str]:
+    """Run one of rerank and classify (milliserve, and infinity's ONNX engine for rerank when
+    asked); the section's lines for it."""
+    repo = work / f"repo_{part}"
+    (build_minilm_rerank if part == "rerank" else build_sentiment)(repo)
+    if part == "classify":  # its 50 ms budget refuses 32 texts here (429): measured without one
+        config = repo / CLASSIFY_MODEL / "config.yaml"
+        config.write_text(re.sub(r"^budget:\n(?:  .*\n)+", "", config.read_text(), flags=re.M))
+    pool = texts(2000)
+    rng = np.random.default_rng(1)
+    sizes = (RERANK_DOCS,) if part == "rerank" else (1, 32)
+    bodies: dict[int, Path] = {}
+    for size in sizes:
+        lines = []
+        for _ in range(100):
+            picked = [pool[i] for i in rng.choice(len(pool), size + 1, replace=False)]
+            if part == "rerank":  # a typed query (a tweet's first words) and 32 other tweets
+                query = " ".join(picked[0].split()[:6])
+                doc = {
+                    "model": RERANK_MODEL,
+                    "query": query,
+                    "documents": picked[1:],
+                    "return_documents": False,
+                }
+            else:
+                doc = {"model": CLASSIFY_MODEL, "input": picked[1:]}
+            lines.append(orjson.dumps(doc))
+        bodies[size] = work / f"{part}_{size}.jsonl"
+        bodies[size].write_bytes(b"\n".join(lines) + b"\n")
+    keys = ["milliserve", *(["infinity-onnx"] if part == "rerank" and "infinity-onnx" in peers else [])]
+    limit = RERANK_P99_MS if part == "rerank" else P99_LIMIT_MS
+    levels = (QUICK_SCORING_LEVELS if quick else SCORING_LEVELS)[part]
+    runs: dict[str, dict[int, list[list[Level]]]] = {k: {n: [] for n in sizes} for k in keys}
+    sample_query, sample_docs = "self-driving cars are great", pool[:RERANK_DOCS]
+    agreement: dict[str, float] = {}
+    scores: dict[str, np.ndarray[Any, Any]] = {}
+    for r in range(rounds):
+        for key in keys:
+            with serve_scoring(key, part, repo, work) as url:
+                if part == "rerank" and key not in scores:
+                    scores[key] = rerank_scores(url, sample_query, sample_docs)
+                for size in sizes:
+                    wrk(url, bodies[size], 2, 1.0 if quick else 3.0, work)  # warm-up, not reported
+                    swept = []
+                    for c in levels:
+                        print(f"{part} round {r + 1}/{rounds} {key}: {size}, {c} connection(s)", flush=True)
+                        swept.append(wrk(url, bodies[size], c, seconds, work))
+                        if len(swept) >= 2 and swept[-1].p99_ms > 2 * limit:
+                            break
+                    runs[key][size].append(swept)
+    for key in scores:
+        agreement[key] = float(np.max(np.abs(scores[key] - scores["milliserve"])))
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values) if values else float("nan")
+
+    summary: dict[str, dict[int, tuple[float, float, str]]] = {}
+    for key in keys:
+        summary[key] = {}
+        for size in sizes:
+            bests = [best(sw, limit) for sw in runs[key][size]]
+            summary[key][size] = (
+                med([sw[0].p50_ms for sw in runs[key][size]]),
+                med([b.rps if b else 0.0 for b in bests]),
+                ", ".join(str(b.connections) if b else "-" for b in bests),
+            )
+    what = "documents" if part == "rerank" else "texts"
+    out = [
+        "### "
+        + ("Rerank: /v1/rerank, 1 query x 32 documents" if part == "rerank" else "Classify: /v1/classify"),
+        "",
+        f"| server | {what} | p50 ms (1 conn) | req/s @ p99 ≤ {limit:g} ms (conns) | {what}/s "
+        + ("| max score difference to milliserve |" if part == "rerank" else "|"),
+        "|---|---|---|---|---|" + ("---|" if part == "rerank" else ""),
+    ]
+    for key in keys:
+        for size in sizes:
+            p50, rps, conns = summary[key][size]
+            diff = "-" if key == "milliserve" else f"{agreement.get(key, float('nan')):.2e}"
+            extra = f" {diff} |" if part == "rerank" else ""
+            out.append(
+                f"| {SERVERS[key]} | {size} | {p50:.2f} | {rps:.1f} ({conns}) | {rps * size:.0f} |{extra}"
+            )
+    if part == "rerank" and "infinity-onnx" in keys:
+        ours, theirs = summary["milliserve"][RERANK_DOCS], summary["infinity-onnx"][RERANK_DOCS]
+        met_p50 = ours[0] <= 0.8 * theirs[0]
+        met_rps = ours[1] > 0 and ours[1] >= 1.5 * theirs[1]
+        ratio = (
+            f"{ours[1] / theirs[1]:.2f}×"
+            if theirs[1]
+            else "∞ (infinity never kept p99 within it)"
+            if ours[1]
+            else "- (neither kept p99 within it)"
+        )
+        out += [
+            "",
+            f"Against infinity (issue 63's goal: p50 ≤ 0.8× its, throughput at p99 ≤ {limit:g} ms ≥ 1.5× "
+            "its): "
+            f"p50 {ours[0] / theirs[0]:.2f}× ({'met' if met_p50 else 'not met'}), throughput {ratio} "
+            f"({'met' if met_rps else 'not met'}).",
+        ]
+    elif part == "rerank":
+        out += ["", "infinity-emb was not run (not among --peers): milliserve's figures alone."]
+    else:
+        out += ["", f"Not run: {INFINITY_CLASSIFY_NOT_RUN}."]
+    return [*out, ""]
 
 
 def main() -> None:
@@ -298,8 +479,38 @@ def main() -> None:
         help=f"peers to run, of {', '.join(list(SERVERS)[1:])} (default {DEFAULT_PEERS})",
     )
     ap.add_argument("--out", type=Path, default=None, help="default docs/benchmarks.md (none with --quick)")
+    ap.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"of {', '.join(PARTS)} (default all; rerank and classify: issue 63)",
+    )
     args = ap.parse_args()
     rounds, seconds, levels = (1, 3.0, QUICK_LEVELS) if args.quick else (args.rounds, args.seconds, LEVELS)
+    parts = [p for p in args.parts.split(",") if p]
+    if set(parts) - set(PARTS):
+        ap.error(f"unknown part(s) {', '.join(sorted(set(parts) - set(PARTS)))}; known: {', '.join(PARTS)}")
+    out = args.out or (None if args.quick else ROOT / "docs" / "benchmarks.md")
+    scoring = [p for p in parts if p != "embed"]
+    if scoring:
+        work = Path(tempfile.mkdtemp(prefix="ms-scoring-"))
+        peers = [k for k in args.peers.split(",") if k]
+        lines = [
+            "## Rerank and classify against infinity-emb",
+            "",
+            f"Numbers from `python benchmarks/embeddings.py --parts {','.join(scoring)}"
+            f"{' --quick' if args.quick else ''}` at commit {commit()} ({rounds} round(s) of {seconds:g} s "
+            "per level, servers in turn, one up at a time; medians over the rounds). Machine: "
+            f"{cpu_description()}; `wrk -t1` on the same cores, cycling through 100 bodies of distinct "
+            "tweets.",
+            "",
+        ]
+        for part in scoring:
+            lines += scoring_part(part, peers, rounds, seconds, args.quick, work)
+        if out is not None:
+            write_section("embeddings-scoring", "\n".join(lines), out)
+        print("\n".join(lines))
+    if "embed" not in parts:
+        return
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     from sentence_transformers import SentenceTransformer
@@ -474,7 +685,6 @@ def main() -> None:
                 f"p50 {ours[0]:.2f} ms against {theirs[0]:.2f} ms ({verdict})."
             )
     lines.append("")
-    out = args.out or (None if args.quick else ROOT / "docs" / "benchmarks.md")
     if out is not None:
         write_section("embeddings", "\n".join(lines), out)
     print("\n".join(lines))
