@@ -428,7 +428,9 @@ def build_minilm_rerank(repo: Path) -> RerankReport:
 def write_peer_folder(repo: Path, out: Path) -> Path:
     """The cross-encoder built in ``repo`` as a Hugging Face-style folder a peer server loads
     (``out``: model.onnx, config.json of a one-label BertForSequenceClassification, the
-    tokenizer files), for running the same graph side by side. Not tried with a peer here."""
+    tokenizer files), for running the same graph side by side: infinity-emb 0.0.78's ONNX
+    engine loads it (launched from inside the folder) and its /rerank scores match
+    milliserve's (benchmarks/embeddings.py --parts rerank)."""
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(repo / "minilm_cross" / "1" / "model.onnx", out / "model.onnx")
     src = minilm_dir()
