@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from milliserve.examples.build import build_examples
 from milliserve.examples.minilm import encoder_model, tokenizer_path
-from milliserve.examples.minilm_embed import GATES, VARIANTS, held_out_texts
+from milliserve.examples.minilm_embed import GATES, VARIANTS, EmbedBuild, held_out_texts
 from milliserve.testing import ServerProcess
 
 # the first build runs optimize on the encoder (a few minutes on a busy 2-core machine)
@@ -30,10 +30,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     repo = tmp_path_factory.mktemp("embed-optimized")
-    build_examples(repo, only=["minilm_embed"])
-    return repo
+    return repo, build_examples(repo, only=["minilm_embed"])["minilm_embed"]
+
+
+@pytest.fixture(scope="module")
+def repo(built: tuple[Path, Any]) -> Path:
+    return built[0]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,8 @@ def server(repo: Path) -> Iterator[ServerProcess]:
         yield proc
 
 
-def test_the_build_records_the_variant_its_figures_and_why(repo: Path) -> None:
+def test_the_build_records_the_variant_its_figures_and_why(built: tuple[Path, Any]) -> None:
+    repo, summary = built
     record = json.loads((repo / "minilm_tokens" / "build.json").read_text())
     report = json.loads((repo / "minilm_tokens" / "report.json").read_text())
     shipped = record["shipped"]
@@ -50,17 +55,20 @@ def test_the_build_records_the_variant_its_figures_and_why(repo: Path) -> None:
     assert record["gates"] == GATES == {"cosine": 0.99, "recall_at_10": 0.97}
     assert record["why"] == report["why"] and record["why"].startswith(shipped)
     assert set(record["variants"]) >= set(VARIANTS)
-    built = {n: v for n, v in record["variants"].items() if "skipped" not in v}
-    assert "fp32" in built and "int8_dynamic" in built, record["variants"]
-    assert built["fp32"]["cosine"] == pytest.approx(1.0) and built["fp32"]["recall_at_10"] == 1.0
-    for name, v in built.items():
+    measured = {n: v for n, v in record["variants"].items() if "skipped" not in v}
+    assert "fp32" in measured and "int8_dynamic" in measured, record["variants"]
+    assert measured["fp32"]["cosine"] == pytest.approx(1.0) and measured["fp32"]["recall_at_10"] == 1.0
+    for name, v in measured.items():
         assert 0 < v["cosine"] <= 1 + 1e-9 and 0 <= v["recall_at_10"] <= 1, name
         assert v["quality"] == pytest.approx(min(v["cosine"], 1 - (1 - v["recall_at_10"]) / 3)), name
     # the rule: what ships keeps both gates; an INT8 variant ships only when it keeps them
     assert (
-        built[shipped]["cosine"] >= GATES["cosine"]
-        and built[shipped]["recall_at_10"] >= GATES["recall_at_10"]
+        measured[shipped]["cosine"] >= GATES["cosine"]
+        and measured[shipped]["recall_at_10"] >= GATES["recall_at_10"]
     )
+    assert summary == EmbedBuild(
+        shipped, measured[shipped]["cosine"], measured[shipped]["recall_at_10"], record["why"]
+    )  # what the build returns (and `milliserve examples build` prints)
     markdown = (repo / "minilm_tokens" / "report.md").read_text()
     assert "### Embedding quality" in markdown and f"shipped: **{shipped}**" in markdown
     assert f"the variant optimize shipped: {shipped}" in (repo / "minilm_tokens" / "config.yaml").read_text()
@@ -78,8 +86,9 @@ def test_serves_the_shipped_variant(server: ServerProcess, repo: Path) -> None:
     tok = Tokenizer.from_file(str(tokenizer_path()))
     tok.enable_truncation(256)
     tok.no_padding()
-    shipped = ort.InferenceSession(str(repo / "minilm_tokens" / "1" / "model.onnx"))
-    fp32 = ort.InferenceSession(encoder_model().SerializeToString())
+    cpu = ["CPUExecutionProvider"]
+    shipped = ort.InferenceSession(str(repo / "minilm_tokens" / "1" / "model.onnx"), providers=cpu)
+    fp32 = ort.InferenceSession(encoder_model().SerializeToString(), providers=cpu)
     served = []
     for text in texts:  # one a request: the graph run alone on the text gives the same vector
         r = httpx.post(

