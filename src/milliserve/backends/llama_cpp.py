@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from milliserve.backends.base import GenerativeBackendFactory
 from milliserve.backends.llama_grammar import SCHEMA_FIELD, GrammarCompiler, JsonConstraint, logits_view
 from milliserve.backends.llama_options import (
     _GGML_TYPES,
@@ -416,29 +417,19 @@ class LlamaModel:
             self.model = None
 
 
-class LlamaCppFactory:
-    """The registry's entry for GGUF models. ``generative``: the repository builds a
-    ``GenerativeServable`` around ``load_model`` instead of a tensor runtime."""
+class LlamaCppFactory(GenerativeBackendFactory):
+    """The registry's entry for GGUF models: a generative engine (backends/base.py), so
+    the repository builds a ``GenerativeServable`` around ``load_model``."""
 
     name = "llama_cpp"
     platforms = ("llama_cpp",)
     model_filename = "model.gguf"
-    generative = True
 
     def options(self, config: ModelConfig) -> LlmOptions:
         return parse_llm_options(config)
 
-    def threads(self, options: LlmOptions) -> int:
-        return options.n_threads_batch
-
-    def gpu_available(self) -> bool:
-        return False
-
     def load_model(self, model_path: Path, options: LlmOptions, n_seq: int) -> LlamaModel:
         return LlamaModel(model_path, options, n_seq)
-
-    def create(self, model_path: Path, options: Any, instance: Any) -> Any:
-        raise BackendError("llama_cpp serves generative models; it has no tensor backend")
 
 
 FACTORY = LlamaCppFactory()

@@ -13,15 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from milliserve.backends.base import Backend
+from milliserve.backends.base import Backend, GenerativeBackendFactory
 from milliserve.config.model_config import InstanceGroup, ModelConfig
-from milliserve.errors import ConfigError
+from milliserve.errors import BackendError, ConfigError
 
 __all__ = [
+    "AnyBackendFactory",
     "BackendFactory",
     "Instance",
     "backend_for",
     "expand_instances",
+    "factory_for",
+    "generative_backend_for",
     "known_backends",
     "register_backend",
 ]
@@ -57,6 +60,10 @@ class BackendFactory(Protocol):
     def create(self, model_path: Path, options: Any, instance: Instance) -> Backend: ...
 
 
+# a tensor engine's factory, or a generative one's (backends/base.py)
+AnyBackendFactory = BackendFactory | GenerativeBackendFactory
+
+
 @dataclass(frozen=True, slots=True)
 class _Builtin:
     platforms: tuple[str, ...]
@@ -69,10 +76,10 @@ _BUILTIN: dict[str, _Builtin] = {
     "openvino": _Builtin(("openvino",), "model.xml", "milliserve.backends.openvino:FACTORY"),
     "llama_cpp": _Builtin(("llama_cpp",), "model.gguf", "milliserve.backends.llama_cpp:FACTORY"),
 }
-_registered: dict[str, BackendFactory] = {}
+_registered: dict[str, AnyBackendFactory] = {}
 
 
-def register_backend(factory: BackendFactory) -> None:
+def register_backend(factory: AnyBackendFactory) -> None:
     """Make ``factory`` available to models that name its backend or one of its platforms."""
     _registered[factory.name] = factory
 
@@ -84,7 +91,7 @@ def known_backends() -> dict[str, tuple[str, ...]]:
     return known
 
 
-def _load(name: str) -> BackendFactory:
+def _load(name: str) -> AnyBackendFactory:
     factory = _registered.get(name)
     if factory is None:
         module, _, attr = _BUILTIN[name].target.partition(":")
@@ -98,6 +105,24 @@ def _filename(name: str) -> str:
 
 
 def backend_for(config: ModelConfig | None, version_dir: Path, where: str) -> BackendFactory:
+    """The tensor backend's factory for a model (``factory_for``); BackendError when the
+    engine that serves it is a generative one."""
+    factory = factory_for(config, version_dir, where)
+    if isinstance(factory, GenerativeBackendFactory):
+        raise BackendError(f"{factory.name} serves generative models; it has no tensor backend")
+    return factory
+
+
+def generative_backend_for(
+    config: ModelConfig | None, version_dir: Path, where: str
+) -> GenerativeBackendFactory | None:
+    """The generative engine's factory for a model (``factory_for``), or None when a tensor
+    backend serves it."""
+    factory = factory_for(config, version_dir, where)
+    return factory if isinstance(factory, GenerativeBackendFactory) else None
+
+
+def factory_for(config: ModelConfig | None, version_dir: Path, where: str) -> AnyBackendFactory:
     """The factory for a model: by ``backend``, else ``platform``, else the model file present.
     Raises ConfigError naming the file and field when nothing serves it."""
     known = known_backends()

@@ -51,7 +51,7 @@ def _served_config(
 ) -> tuple[ModelConfig, Path, int | None]:
     """The model's config as the server would serve it, and its .onnx file."""
     from milliserve.backends.onnxruntime import tensor_spec
-    from milliserve.backends.registry import backend_for
+    from milliserve.backends.registry import factory_for
     from milliserve.runtime.autocomplete import complete_config
 
     model_dir = repo / name
@@ -63,7 +63,7 @@ def _served_config(
             raise ConfigError(f"{model_dir}: no version {version}; it has {versions}")
         version = version if version is not None else versions[-1]
         version_dir = model_dir / str(version)
-        runs = backend_for(cfg, version_dir, f"{model_dir}").name
+        runs = factory_for(cfg, version_dir, f"{model_dir}").name
         source = version_dir / "model.onnx"
     else:
         runs = (cfg.backend or cfg.platform) if cfg is not None else ""

@@ -35,7 +35,7 @@ from milliserve.llm.sequence import GenRequest
 if TYPE_CHECKING:
     from milliserve.llm.sequence import Sequence
 
-__all__ = ["PREEMPTION_MODES", "QUANTUM", "Preemption", "WaitingRoom"]
+__all__ = ["PREEMPTION_MODES", "QUANTUM", "Preemption", "WaitingRoom", "fair_claim"]
 
 # tokens a sequence generates after it was admitted or resumed before fairness may suspend it
 QUANTUM = 16
@@ -150,6 +150,15 @@ def ahead_of(
             yield from reqs[: max(0, turns - held.get(c, 0))]
 
 
+def fair_claim(client: str, held: dict[str, int], clients: set[str], max_sequences: int) -> bool:
+    """Whether ``client`` holds fewer slots than its share while another client holds more
+    (``held``: slots by client; ``clients``: those running or waiting). Such a client is
+    next for a slot (it holds fewer), and admission never refuses it by estimate: the
+    other client's excess is what its wait is made of (docs/llm.md)."""
+    share = -(-max_sequences // max(1, len(clients | {client})))
+    return held.get(client, 0) < share and any(n > share for c, n in held.items() if c != client)
+
+
 class Preemption:
     """Chooses the running sequence to suspend so that the head of the queue can run."""
 
@@ -194,6 +203,4 @@ class Preemption:
             return True
         if not self.fair:
             return False
-        share = -(-self.max_sequences // max(1, len(room.clients() | {client})))
-        held = dict(room.running)
-        return held.get(client, 0) < share and any(n > share for n in held.values())
+        return fair_claim(client, dict(room.running), room.clients(), self.max_sequences)

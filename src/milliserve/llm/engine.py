@@ -27,13 +27,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 
-from milliserve.llm.admission import Preemption, WaitingRoom, ahead_of
+from milliserve.llm.admission import Preemption, WaitingRoom, ahead_of, fair_claim
+from milliserve.llm.calibration import IDLE, QUEUED, SLOT, Estimate, TtftCalibration
 from milliserve.llm.costs import StepCosts
 from milliserve.llm.drafts import Drafter, Lookup
 from milliserve.llm.sequence import Event, GenRequest, Sequence
 from milliserve.llm.slots import Slots
-from milliserve.llm.step_plan import JoinWindow, StepBudget, build_batch
+from milliserve.llm.step_plan import Batch, JoinWindow, StepBudget, build_batch
 from milliserve.llm.threads import ThreadChoice
 from milliserve.llm.token_model import TokenModel
 from milliserve.llm.warmup import warm_up
@@ -42,6 +44,16 @@ from milliserve.runtime.stats import GenerationStats
 __all__ = ["Engine", "TokenModel"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Step:
+    """A planned step: its batch, the drafts' lookups by slot (to learn from), and whether
+    a priority prompt runs alone in it."""
+
+    batch: Batch
+    looked: dict[int, list[Lookup]]
+    alone: bool
 
 
 class Engine:
@@ -98,6 +110,10 @@ class Engine:
         # how much a step holds beside its streams (llm/step_plan.py)
         self.budget = StepBudget(self.costs, step_tokens, itl_budget_s, draft_tokens)
         self.mean_output = 128.0  # tokens a finished request generated, on average (EWMA)
+        # the TTFT estimate's running error, learned from first tokens (llm/calibration.py)
+        self.calibration = TtftCalibration()
+        # waiting requests the event loop evicted for a newcomer, not yet dropped (evict())
+        self._evicted: set[GenRequest] = set()
         # threads of a one-token step and of a bigger one: the config's counts, or one thread
         # where that has measured faster lately (a machine busy with other work)
         single, batch = model.threads
@@ -110,6 +126,7 @@ class Engine:
         self.stats.kv_tokens = lambda: sum(s.n_past for s in self._running)
         self.stats.kv_capacity = max_sequences * model.n_ctx_seq
         self.stats.host_cache_bytes = lambda: self.slots.host.bytes
+        self.stats.ttft_calibration = self.calibration.factors
         make = spawn or (lambda n, f: threading.Thread(target=f, name=n, daemon=True))
         self._thread = make(f"ms-engine-{name}", self._loop)
 
@@ -174,19 +191,26 @@ class Engine:
         return set(dict(self._waiting.running))
 
     def estimate_ttft(self, prompt_tokens: int, client: str = "", level: int = 0) -> float:
-        """Seconds until a request of ``prompt_tokens`` (after prefix reuse) from ``client``
-        at priority ``level`` would get its first token, given the queue and the running
-        batch. Read without a lock.
+        """The calibrated estimate's seconds (``estimate``)."""
+        return self.estimate(prompt_tokens, client, level).seconds
+
+    def estimate(self, prompt_tokens: int, client: str = "", level: int = 0) -> Estimate:
+        """When a request of ``prompt_tokens`` (after prefix reuse) from ``client`` at
+        priority ``level`` would get its first token, given the queue and the running
+        batch, and whether it has to wait for a slot. Read without a lock.
 
         Only the requests it would wait behind count (llm.admission: higher levels, and
-        turns with the other clients), net of the prefix cache; when every slot is taken
-        and no preemption would give it one, a slot frees when the soonest running
-        sequence ends, expected after the usual output length (learned from finished
-        requests) or its ``max_tokens``, whichever is first."""
+        turns with the other clients), net of the prefix cache, and the step in flight
+        (half of it, on average). When every slot is taken and no preemption would give
+        it one, a slot frees when the soonest running sequence ends, expected after the
+        usual output length (learned from finished requests) or its ``max_tokens``,
+        whichever is first. The sum is calibrated by the error of earlier estimates
+        (llm/calibration.py)."""
         running = list(self._running)
-        lines = self._waiting.snapshot()
-        for r in list(self._incoming):
-            lines.append((r.level, r.client, [r]))
+        by_line = {(lv, c): reqs for lv, c, reqs in self._waiting.snapshot()}
+        for r in list(self._incoming):  # one line a client, as the waiting room will hold them
+            by_line.setdefault((r.level, r.client), []).append(r)
+        lines = [(lv, c, reqs) for (lv, c), reqs in by_line.items()]
         held = dict(self._waiting.running)
         queued = sorted(ahead_of(lines, client, level, held), key=lambda r: r.arrival)
         ahead = sum(len(r.prompt) - (self.cached(r.prompt) if i < 8 else 0) for i, r in enumerate(queued))
@@ -197,13 +221,59 @@ class Engine:
         if short > 0 and self.preemption.would_preempt(client, level, running, self._waiting):
             short = 0
         costs = self.costs
-        if short > 0:  # a slot must free first: the short-th soonest finisher
+        if running:  # the step in flight ends first
+            wait += 0.5 * costs.step(len(running))
+        if short > 0:  # a slot must free first: the short-th soonest finisher, among the
+            # running sequences and the requests ahead that take the slots still free
             typical = self.mean_output
-            left = sorted(max(1.0, min(s.req.max_tokens, typical) - s.generated) for s in running)
-            wait = left[min(short, len(left)) - 1] * costs.step(len(running)) if left else 0.0
+            free = max(0, self.max_sequences - len(running))
+            left = sorted(
+                [max(1.0, min(s.req.max_tokens, typical) - s.generated) for s in running]
+                + [min(r.max_tokens, typical) for r in queued[:free]]
+            )
+            busy = min(self.max_sequences, len(running) + len(queued))
+            wait += left[min(short, len(left)) - 1] * costs.step(busy) if left else 0.0
         tokens = ahead + prompt_tokens
         steps = -(-tokens // max(1, self.budget.prefill(decoding)))
-        return wait + steps * costs.step(decoding) + tokens * costs.prefill_token_s
+        raw = wait + steps * costs.step(decoding) + tokens * costs.prefill_token_s
+        case = QUEUED if short > 0 else SLOT if running or queued else IDLE
+
+        return Estimate(raw * self.calibration.factor(case), raw, case)
+
+    def fair_claim(self, client: str) -> bool:
+        """Whether ``client`` holds fewer slots than its share while another client holds
+        more (llm.admission.fair_claim): a snapshot."""
+        clients = self._waiting.clients() | {r.client for r in list(self._incoming)}
+        return fair_claim(client, dict(self._waiting.running), clients, self.max_sequences)
+
+    def queue_length(self) -> int:
+        """Requests waiting, less those evicted and not yet dropped."""
+        return len(self._waiting) + len(self._incoming) - len(self._evicted)
+
+    def evictable(self, client: str, share: int) -> GenRequest | None:
+        """The request to evict from a full queue so that ``client`` gets in: the latest
+        waiting request of the client with the most waiting, if that client has more than
+        ``share`` waiting and ``client`` fewer. Never a suspended sequence (a stream under
+        way) nor one already cancelled. A snapshot, read on the event loop."""
+        counts: dict[str, list[GenRequest]] = {}
+        for _, c, reqs in self._waiting.snapshot():
+            counts.setdefault(c, []).extend(reqs)
+        for r in list(self._incoming):
+            counts.setdefault(r.client, []).append(r)
+        for c in counts:
+            counts[c] = [r for r in counts[c] if not r.cancelled and r not in self._suspended]
+        if len(counts.get(client, ())) >= share:
+            return None
+        over = max((c for c in counts if c != client), key=lambda c: len(counts[c]), default=None)
+        if over is None or len(counts[over]) <= share:
+            return None
+        return max(counts[over], key=lambda r: r.arrival)
+
+    def evict(self, req: GenRequest, why: str) -> None:
+        """Drop a waiting request (``evictable``): it ends as refused, with ``why``."""
+        req.refused = why
+        self._evicted.add(req)
+        self.cancel(req)
 
     def cached(self, prompt: list[int]) -> int:
         """Prompt tokens whose KV a new request could reuse now (a kept slot or a prefix
@@ -248,13 +318,25 @@ class Engine:
             self._suspended.clear()
 
     def _step(self) -> None:
-        m = self.model
+        """One step, in five phases (the module's docstring): each a method below."""
         now = time.perf_counter()
+        urgent = self._take_cancellations(now)
+        self._admit_waiting(now)
+        if not self._running:
+            return
+        step = self._plan(urgent)
+        t1 = self._decode(step)
+        if t1 is not None:
+            self._sample(step, t1)
+
+    def _take_cancellations(self, now: float) -> int | None:
+        """Phase 1: the requests submitted since the last step join the waiting room; the
+        sequences and waiting requests whose client left are freed at once. Returns the
+        best priority level that asked to stop the last step (submit), if any."""
         while self._incoming:
             self._waiting.push(self._incoming.popleft())
         urgent, self._urgent = self._urgent, None
-        m.interrupt(False)
-        # cancellations: free at once
+        self.model.interrupt(False)
         if any(s.req.cancelled for s in self._running):
             for s in [s for s in self._running if s.req.cancelled]:
                 self._finish(s, "abort", now)
@@ -262,15 +344,20 @@ class Engine:
             self._cancels = False
             for r in self._waiting.take_cancelled():
                 self._drop_waiting(r)
-        # admission: priority, then fairness (llm/admission.py); preemption makes room
+        return urgent
+
+    def _admit_waiting(self, now: float) -> None:
+        """Phase 2: waiting requests take the free slots, priority then fairness
+        (llm/admission.py); preemption makes room where the policy says so."""
         while self._waiting and self.slots.free:
             self._admit(self._waiting.pop(), now)  # type: ignore[arg-type]
         while self._waiting and not self.slots.free and self._preempt(now):
             self._admit(self._waiting.pop(), now)  # type: ignore[arg-type]
-        if not self._running:
-            return
-        # the batch (llm/step_plan.py). A request that stopped the last step (submit) runs
-        # its prompt alone in this one
+
+    def _plan(self, urgent: int | None) -> _Step:
+        """Phase 3: the step's batch (llm/step_plan.py): each decoding sequence's last token
+        and drafts, then prompt chunks. A request that stopped the last step (``urgent``,
+        from submit) runs its prompt alone in this one."""
         alone = (
             set()
             if urgent is None
@@ -290,10 +377,11 @@ class Engine:
         drafts_of: dict[int, list[int]] = {}
         looked: dict[int, list[Lookup]] = {}  # slot -> its lookups, to learn from
         expect, width = float(len(decoding)), len(decoding)  # tokens the step yields; its logits
+        n_ctx = self.model.n_ctx_seq
         for s in decoding:
             drafts: list[int] = []
             if speculate and s.req.speculate:
-                drafts, gain, looked[s.slot] = self.drafter.draft(s, room, expect, width, m.n_ctx_seq)
+                drafts, gain, looked[s.slot] = self.drafter.draft(s, room, expect, width, n_ctx)
                 expect += gain
                 width += len(drafts)
                 room -= len(drafts)
@@ -301,7 +389,14 @@ class Engine:
             feed[s.slot] = [s.last, *drafts]
         fed = sum(len(f) for f in feed.values())
         chunk = self.budget.chunks(self._running, decoding, fed, alone) if prefilling else {}
-        batch = build_batch(self._running, feed, drafts_of, chunk)
+        return _Step(build_batch(self._running, feed, drafts_of, chunk), looked, bool(alone))
+
+    def _decode(self, step: _Step) -> float | None:
+        """Phase 4: one ``llama_decode`` of the batch (it releases the GIL), on the thread
+        count that has been fastest for its size. Returns when it ended, or None when it
+        did not run (a burst to take in, an interrupt, a failure: its sequences failed)."""
+        m = self.model
+        batch = step.batch
         tokens, logits, plan, prefill = batch.tokens, batch.logits, batch.plan, batch.prefill
         n_tok = len(tokens)
         choice = self.threads if n_tok > 1 else self.threads_one
@@ -311,12 +406,12 @@ class Engine:
         # prompts only (not a prompt run alone for priority): a request arriving in the first
         # half of the step stops it to join (JoinWindow); one that arrived while it was
         # planned is taken into it, planned again (docs/design.md: a burst split in two)
-        joinable = not plan and not alone
+        joinable = not plan and not step.alone
         half = 0.5 * n_tok * self.costs.prefill_token_s
         self._join.begin(t0, half if joinable and m.interruptible else None)
         if joinable and self._incoming and self._room():
             self._join.end()
-            return
+            return None
         try:
             ran = m.decode(tokens, batch.pos, batch.seqs, logits)
         except Exception as exc:
@@ -324,12 +419,12 @@ class Engine:
             for s in list(self._running):
                 if s.req.cancelled or any(s is p[0] for p in plan) or any(s is p[0] for p in prefill):
                     self._finish(s, "error", time.perf_counter(), f"the engine failed: {exc}")
-            return
+            return None
         finally:
             self._join.end()
         if not ran:  # interrupted (submit): nothing of it happened; the next step runs
             self.stats.interrupted += 1
-            return
+            return None
         t1 = time.perf_counter()
         choice.record(n_tok, threads, (t1 - t0) / n_tok)
         wanted = sum(logits)
@@ -347,17 +442,21 @@ class Engine:
                 threads,
                 (t1 - t0) * 1e3,
             )
-        # prefill progress and first tokens
-        for s, n, at in prefill:
+        return t1
+
+    def _sample(self, step: _Step, t1: float) -> None:
+        """Phase 5: prefill progress and first tokens; each decoding sequence's token(s)
+        sampled and its drafts verified; text out, and the sequences that finished end."""
+        m = self.model
+        for s, n, at in step.batch.prefill:
             s.prefilled += n
             s.n_past += n
             if at >= 0 and not s.req.cancelled:
                 self.slots.prefilled(s.slot, s.req.prompt, t1)
                 self._emit_tokens(s, [m.sample(s.sampler, at)], t1)
-        # decoding sequences: sample, verify drafts
-        for s, i0, drafts in plan:
+        for s, i0, drafts in step.batch.plan:
             if not s.req.cancelled:
-                out = self.drafter.verify(m, s, i0, drafts, looked.get(s.slot, ()))
+                out = self.drafter.verify(m, s, i0, drafts, step.looked.get(s.slot, ()))
                 self._emit_tokens(s, out, t1)
 
     def _drop_waiting(self, r: GenRequest) -> None:
@@ -366,6 +465,11 @@ class Engine:
             self.suspended_bytes -= len(s.saved)
             s.saved = b""
             self.model.free_sampler(s.sampler)
+        if r.refused:  # evicted for a newcomer (evict)
+            self._evicted.discard(r)
+            self._count("refused")
+            r.emit(Event("", 0, "refused", r.refused))
+            return
         self._count("abort")
         r.emit(Event("", 0, "abort"))
 
@@ -452,6 +556,9 @@ class Engine:
         if s.first_at == 0.0:
             s.first_at = now
             st.ttft_hist.observe(now - req.arrival)
+            if req.estimate > 0.0:  # what admission expected: learn its error
+                self.calibration.learn(now - req.arrival, req.estimate_raw, req.case)
+                st.ttft_ratio_hist.observe((now - req.arrival) / req.estimate)
         else:
             gap = (now - s.last_at) / used
             for _ in range(used):
@@ -478,6 +585,10 @@ class Engine:
             self.drafter.memory.add(s.req.prompt, s.history[len(s.req.prompt) :])
         m.free_sampler(s.sampler)
         req = s.req
+        if req.refused:  # evicted (evict) just as it was admitted: it ends as refused
+            self._evicted.discard(req)
+            if reason == "abort":
+                reason, error = "refused", req.refused
         st = self.stats
         self._count(reason)
         if reason in ("stop", "length"):

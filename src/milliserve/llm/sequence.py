@@ -50,6 +50,12 @@ class GenRequest:
     cancelled: bool = False
     client: str = ""  # who sent it (fair admission: llm.admission)
     level: int = 0  # priority level, 0 first
+    # its expected time to first token at admission (llm.calibration; 0: none made): the
+    # estimate, the raw one it was calibrated from, and its case (idle, slot, queued)
+    estimate: float = 0.0
+    estimate_raw: float = 0.0
+    case: int = 0
+    refused: str = ""  # evicted from the queue for a newcomer (fair share): why
 
 
 class Sequence:
@@ -169,12 +175,16 @@ class Sequence:
 
     def timing(self, now: float) -> dict[str, float]:
         """Its times in ms, for the last event (``now``: when it ended); TTFT -1 if it had no token."""
-        arrival = self.req.arrival
-        return {
+        req = self.req
+        arrival = req.arrival
+        out = {
             "queue_ms": (self.admitted - arrival) * 1e3,
             "ttft_ms": (self.first_at - arrival) * 1e3 if self.first_at else -1.0,
             "e2e_ms": (now - arrival) * 1e3,
         }
+        if req.estimate > 0.0:  # what admission expected the TTFT to be
+            out["ttft_est_ms"] = req.estimate * 1e3
+        return out
 
     def room(self, want: int, n_ctx: int) -> int:
         """How many of ``want`` drafted tokens this sequence has room for: its output's

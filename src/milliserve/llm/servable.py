@@ -5,8 +5,9 @@ Three ways in, one road: ``generate`` (OpenAI and Triton's generate extension, t
 the HTTP front end), ``stream`` (gRPC's decoupled ``ModelStreamInfer``: one response per
 text chunk, the last one flagged ``triton_final_response``) and ``infer`` (one response
 holding the whole text). Each request is tokenized, checked against the context,
-admitted against the budget (``budget { ttft_ms }``: refused when the estimated time to
-first token is over it), then handed to the engine. Leaving the event iterator early
+admitted against the budget (``budget { ttft_ms }``: refused when it would wait for a
+sequence slot and the estimated time to first token is over the budget; a request that a
+free slot takes is never refused by estimate), then handed to the engine. Leaving the event iterator early
 (a client gone, a cancelled stream) cancels the sequence: the engine frees it within
 one decoding step.
 """
@@ -88,6 +89,8 @@ class GenerationStream:
                     self.done = True
                     if ev.finish == "error":
                         raise BackendError(ev.error or "generation failed")
+                    if ev.finish == "refused":  # evicted from the queue for a newcomer
+                        raise OverBudgetError(ev.error or "refused")
                 yield ev
                 if self.done:
                     return
@@ -141,12 +144,14 @@ class GenerativeServable:
     async def load(
         cls, config: ModelConfig | None, name: str, version: str, version_dir: Path, executor: Executor
     ) -> GenerativeServable:
-        from milliserve.backends.registry import backend_for
+        from milliserve.backends.registry import generative_backend_for
         from milliserve.config.model_config import config_path
 
         where = str(config_path(version_dir.parent))
         cfg = config or ModelConfig(name=name)
-        factory: Any = backend_for(config, version_dir, where)
+        factory = generative_backend_for(config, version_dir, where)
+        if factory is None:
+            raise ConfigError(f"{where}: model {name!r} is not served by a generative backend")
         path = version_dir / factory.model_filename
         if not path.is_file():
             raise ConfigError(f"{version_dir}: no {factory.model_filename} in this version directory")
@@ -239,16 +244,23 @@ class GenerativeServable:
         engine = self.engine
         level = self._level(params.priority)
         self._admissible(params.client)
-        if self.ttft_budget_s is not None and (engine.running or engine.waiting):
-            cached = engine.cached(prompt)
-            est = engine.estimate_ttft(len(prompt) - max(0, cached), params.client, level)
-            if est > self.ttft_budget_s:
-                self.gen_stats.refused_budget += 1
-                raise OverBudgetError(
-                    f"model {self.config.name!r}: the first token would come in about {est * 1e3:.0f} ms "
-                    f"({engine.running} running, {engine.waiting} waiting), over the budget of "
-                    f"{self.ttft_budget_s * 1e3:.0f} ms (budget.ttft_ms); retry later"
-                )
+        est = engine.estimate(len(prompt) - max(0, engine.cached(prompt)), params.client, level)
+        # refused by estimate only when it would wait for a slot (a free one, or one that
+        # preemption gives it, takes it at once), and never when its client holds fewer
+        # slots than its share while another holds more: that client's excess is its wait
+        if (
+            self.ttft_budget_s is not None
+            and est.queues
+            and est.seconds > self.ttft_budget_s
+            and not engine.fair_claim(params.client)
+        ):
+            self.gen_stats.refused_budget += 1
+            raise OverBudgetError(
+                f"model {self.config.name!r}: every sequence slot is taken and the first token "
+                f"would come in about {est.seconds * 1e3:.0f} ms ({engine.running} running, "
+                f"{engine.waiting} waiting), over the budget of {self.ttft_budget_s * 1e3:.0f} ms "
+                "(budget.ttft_ms); retry later"
+            )
         queue: asyncio.Queue[Event] = asyncio.Queue()
         put = outbox_of(asyncio.get_running_loop()).put
 
@@ -281,6 +293,9 @@ class GenerativeServable:
             arrival=arrival,
             client=params.client,
             level=level,
+            estimate=est.seconds,
+            estimate_raw=est.raw,
+            case=est.case,
         )
         engine.submit(req)
         return GenerationStream(self, req, queue)
@@ -323,19 +338,16 @@ class GenerativeServable:
         return priority - 1
 
     def _admissible(self, client: str) -> None:
-        """Refuse a request the queue cannot take: 503 when it is full, 429 when its client
-        already has its share of it: the queue less an eighth kept for newcomers, over the
-        clients waiting. A client alone may fill seven eighths; a second one that arrives
-        while it floods finds room, and both then have half of that."""
+        """Refuse a request the queue cannot take: 429 when its client already has its
+        share of it: the queue less an eighth kept for newcomers, over the clients waiting.
+        A client alone may fill seven eighths; a second one that arrives while it floods
+        finds room, and both then have half of that. When the queue is full, a client under
+        its share takes the place of the latest request of the client with the most
+        waiting, if that one is over its share (that request ends refused, 429); else 503."""
         engine = self.engine
         opts = self.options
         if engine.running < opts.max_sequences and not engine.waiting:
             return
-        if engine.waiting >= opts.max_queue:
-            raise QueueFullError(
-                f"model {self.config.name!r}: {engine.waiting} requests are waiting (max_queue "
-                f"{opts.max_queue})"
-            )
         mine, clients = engine.waiting_of(client)
         others = clients - (1 if mine or client in engine.clients_running() else 0)
         reserve = max(1, opts.max_queue // 8)
@@ -347,6 +359,22 @@ class GenerativeServable:
                 f"share of the queue (max_queue {opts.max_queue} less {reserve} kept for newcomers, "
                 f"over {others + 1} clients); retry when one has started"
             )
+        waiting = engine.queue_length()
+        if waiting < opts.max_queue:
+            return
+        fair = max(1, opts.max_queue // (others + 1))
+        victim = engine.evictable(client, fair)
+        if victim is None:
+            raise QueueFullError(
+                f"model {self.config.name!r}: {waiting} requests are waiting (max_queue {opts.max_queue})"
+            )
+        self.gen_stats.refused_share += 1
+        engine.evict(
+            victim,
+            f"model {self.config.name!r}: the queue is full (max_queue {opts.max_queue}) and this "
+            f"client has more than its share of it ({fair} of {others + 1} clients); its latest "
+            "request gave its place to another client's; retry when one has started",
+        )
 
     async def complete(self, params: GenerationParams) -> tuple[str, Event]:
         """The whole answer: its text and the last event (finish reason, usage, timing)."""

@@ -194,6 +194,10 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
         "queue_seconds": ("Time a generation waited for a sequence slot", "queue_hist"),
         "request_prompt_tokens": ("Prompt tokens per request", "prompt_tokens_hist"),
         "request_output_tokens": ("Generated tokens per request", "output_tokens_hist"),
+        "ttft_estimate_ratio": (
+            "Time to first token over what admission estimated for it (calibrated)",
+            "ttft_ratio_hist",
+        ),
     }
     fam = {n: HistogramMetricFamily(_P + "generation_" + n, doc, labels=_MV) for n, (doc, _) in hists.items()}
     counters = {
@@ -214,7 +218,8 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
     cfam = {n: CounterMetricFamily(_P + "generation_" + n, doc, labels=_MV) for n, doc in counters.items()}
     finished = CounterMetricFamily(
         _P + "generation_finished",
-        "Finished generations by reason (stop, length, abort, error)",
+        "Finished generations by reason (stop, length, abort, error, refused: evicted from the queue "
+        "for another client's request)",
         labels=[*_MV, "reason"],
     )
     running = GaugeMetricFamily(_P + "generation_running", "Sequences being generated", labels=_MV)
@@ -230,6 +235,12 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
     )
     kv_cap = GaugeMetricFamily(
         _P + "generation_kv_capacity_tokens", "KV cache cells for sequences", labels=_MV
+    )
+    calib = GaugeMetricFamily(
+        _P + "generation_ttft_calibration",
+        "Factor applied to the raw TTFT estimate, learned from observed first tokens, by case "
+        "(idle: an idle engine; slot: a free slot beside running sequences; queued: a wait for one)",
+        labels=[*_MV, "case"],
     )
     accept = GaugeMetricFamily(
         _P + "generation_speculative_acceptance", "Accepted / drafted tokens since load", labels=_MV
@@ -252,5 +263,7 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
         kv_cap.add_metric(lv, g.kv_capacity)
         host.add_metric(lv, g.host_cache_bytes())
         accept.add_metric(lv, g.accepted_tokens / g.draft_tokens if g.draft_tokens else 0.0)
+        for case, factor in sorted(g.ttft_calibration().items()):
+            calib.add_metric([*lv, case], factor)
     yield from (*fam.values(), *cfam.values(), finished, running, waiting, suspended)
-    yield from (kv, kv_cap, host, accept)
+    yield from (kv, kv_cap, host, accept, calib)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from milliserve.backends.registry import backend_for
+from milliserve.backends.registry import generative_backend_for
 from milliserve.cache.response_cache import CacheFactory
 from milliserve.config.model_config import ModelConfig, config_path
 from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError, shown
@@ -137,7 +137,7 @@ class ModelRegistry:
         try:
             for v in chosen:
                 vdir = model_dir / str(v)
-                if getattr(backend_for(config, vdir, where), "generative", False):
+                if generative_backend_for(config, vdir, where) is not None:
                     built[str(v)] = await GenerativeServable.load(config, name, str(v), vdir, self._executor)
                     continue
                 built[str(v)] = await ModelRuntime.load(

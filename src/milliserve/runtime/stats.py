@@ -77,6 +77,8 @@ def _latency() -> HistogramData:
 
 
 TOKEN_BUCKETS = (1.0, 4.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0)
+# observed / estimated time to first token (llm/calibration.py)
+RATIO_BUCKETS = (0.25, 0.5, 0.667, 0.8, 1.0, 1.25, 1.5, 2.0, 4.0)
 
 
 @dataclass(slots=True)
@@ -91,6 +93,10 @@ class GenerationStats:
     queue_hist: HistogramData = field(default_factory=_latency)
     prompt_tokens_hist: HistogramData = field(default_factory=lambda: HistogramData(TOKEN_BUCKETS))
     output_tokens_hist: HistogramData = field(default_factory=lambda: HistogramData(TOKEN_BUCKETS))
+    # each first token's TTFT over what admission estimated for it (llm/calibration.py)
+    ttft_ratio_hist: HistogramData = field(default_factory=lambda: HistogramData(RATIO_BUCKETS))
+    # the estimate's calibration factors, by case (idle, slot, queued: llm/calibration.py)
+    ttft_calibration: Callable[[], dict[str, float]] = dict
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_prompt_tokens: int = 0

@@ -1,9 +1,12 @@
 """The engine's cost estimates (admission by TTFT estimate reads them) against a machine
 that stalls a step now and then: one stalled step must not make honest requests look
-seconds over budget, and a machine that stays slower must still be learned."""
+seconds over budget, and a machine that stays slower must still be learned. The estimate's
+calibration by observed first tokens, and which client may claim a slot from another."""
 
 from __future__ import annotations
 
+from milliserve.llm.admission import fair_claim
+from milliserve.llm.calibration import IDLE, QUEUED, RATE, SLOT, TtftCalibration
 from milliserve.llm.costs import OUTLIER, StepCosts, toward
 
 
@@ -65,3 +68,35 @@ def test_one_stalled_step_of_a_new_size_moves_its_estimate_a_bounded_amount() ->
     line = costs.step(6)
     costs.learn(1.0, logits=6, prompt_tokens=0, drafted=0)  # the machine stalled a second
     assert costs.step(6) <= line * (0.8 + 0.2 * OUTLIER) + 1e-12
+
+
+def test_the_calibration_learns_the_factor_the_raw_estimate_is_off_by() -> None:
+    """First tokens that come 3x later than the raw estimate, when a slot was free: after a
+    few, the calibrated estimate is within a few percent of what comes; the other cases (an
+    idle engine, a wait for a slot) keep their own factors."""
+    cal = TtftCalibration()
+    assert cal.factor(SLOT) == 1.0
+    for _ in range(20):
+        cal.learn(0.300, 0.100, SLOT)
+    assert abs(cal.factor(SLOT) - 3.0) < 0.05
+    assert cal.factor(IDLE) == cal.factor(QUEUED) == 1.0 and cal.seen(SLOT) == 20
+    assert cal.factors()["slot"] == cal.factor(SLOT)
+
+
+def test_one_stalled_first_token_moves_the_calibration_a_bounded_amount() -> None:
+    cal = TtftCalibration()
+    for _ in range(30):
+        cal.learn(0.100, 0.100, QUEUED)
+    cal.learn(100.0, 0.100, QUEUED)  # a stall of 100 s
+    assert 1.0 < cal.factor(QUEUED) < 4.0**RATE + 1e-9
+    cal.learn(0.0, 0.100, QUEUED)  # nothing to learn from
+    assert cal.factor(QUEUED) < 4.0**RATE + 1e-9
+
+
+def test_a_client_under_its_share_claims_a_slot_only_from_one_over_it() -> None:
+    held = {"flood": 8}
+    assert fair_claim("newcomer", held, {"flood"}, 8)  # share 4: the flood holds 8
+    assert not fair_claim("flood", held, {"flood"}, 8)  # a client never claims from itself
+    assert fair_claim("c", {"a": 4, "b": 4}, {"a", "b"}, 8)  # share 3 of three clients
+    assert not fair_claim("c", {"a": 2, "b": 2}, {"a", "b"}, 8)  # nobody over: free slots
+    assert not fair_claim("b", {"a": 4, "b": 4}, {"a", "b"}, 8)  # b holds its share already
