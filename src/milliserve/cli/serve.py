@@ -42,6 +42,7 @@ _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "workers": ("workers",),
     "otlp_endpoint": ("tracing", "otlp_endpoint"),
     "trace_sample_ratio": ("tracing", "sample_ratio"),
+    "llm_memory_mib": ("llm_memory_mib",),
 }
 
 
@@ -189,5 +190,14 @@ def add_serve_parser(sub: Any) -> None:
         metavar="R",
         help="with --otlp-endpoint: the share of requests traced that bring no traceparent "
         "(default 0.01; a caller's sampled flag is always followed; OTEL_TRACES_SAMPLER replaces it)",
+    )
+    s.add_argument(
+        "--llm-memory-mib",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="load generative (GGUF) models on their first request and unload idle ones, least "
+        "recently used first, to keep their measured resident memory under MIB (default 0: "
+        "every model loads at start)",
     )
     s.set_defaults(func=_serve)

@@ -279,6 +279,10 @@ class Settings(BaseSettings):
     # Models to load at start in explicit mode ("*" = all), as Triton's --load-model.
     load_models: list[str] = []
     repository_poll_s: float = Field(15.0, gt=0)
+    # MiB the generative (GGUF) models may take together, measured resident: set, they load
+    # on their first request and idle ones unload, least recently used first (0: all load at
+    # start, as other models; docs/llm.md)
+    llm_memory_mib: int = Field(0, ge=0)
     shared_memory: SharedMemorySettings = SharedMemorySettings()
     log_level: str = "INFO"
     # Seconds to finish in-flight requests after SIGTERM before giving up.

@@ -555,7 +555,10 @@ class Engine:
         st.output_tokens += used
         if s.first_at == 0.0:
             s.first_at = now
-            st.ttft_hist.observe(now - req.arrival)
+            if req.load_s > 0.0:  # its model loaded for it: a cold start, counted apart
+                st.cold_ttft_hist.observe(now - req.arrival)
+            else:
+                st.ttft_hist.observe(now - req.arrival)
             if req.estimate > 0.0:  # what admission expected: learn its error
                 self.calibration.learn(now - req.arrival, req.estimate_raw, req.case)
                 st.ttft_ratio_hist.observe((now - req.arrival) / req.estimate)

@@ -56,6 +56,7 @@ class GenRequest:
     estimate_raw: float = 0.0
     case: int = 0
     refused: str = ""  # evicted from the queue for a newcomer (fair share): why
+    load_s: float = 0.0  # the request that loaded its model on demand: the load's seconds
 
 
 class Sequence:
@@ -184,6 +185,8 @@ class Sequence:
         }
         if req.estimate > 0.0:  # what admission expected the TTFT to be
             out["ttft_est_ms"] = req.estimate * 1e3
+        if req.load_s > 0.0:  # its model was loaded for it (its TTFT includes the load)
+            out["load_ms"] = req.load_s * 1e3
         return out
 
     def room(self, want: int, n_ctx: int) -> int:

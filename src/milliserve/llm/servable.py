@@ -138,6 +138,15 @@ class GenerativeServable:
         self.stats.pending = lambda: self.engine.running + self.engine.waiting
         self.prompts = ChatPrompt(model)
         self._closed = False
+        # loaded on demand (repository/on_demand.py): the arrival of the request that loaded
+        # it, and the load's seconds, for that request's timing (taken by its first generate)
+        self._cold: tuple[float, float] | None = None
+
+    def loaded_on_demand(self, arrival: float, load_s: float) -> None:
+        """This version was loaded for a request that arrived at ``arrival``
+        (``time.perf_counter``): the next request's time to first token counts from then,
+        and its timing says how long the load took."""
+        self._cold = (arrival, load_s)
 
     # ---- loading ----
     @classmethod
@@ -209,6 +218,9 @@ class GenerativeServable:
         if self._closed:
             raise ServerShuttingDownError(f"model {self.config.name!r} is unloading")
         arrival = time.perf_counter()
+        cold, self._cold = self._cold, None
+        if cold is not None:  # the request that loaded this model: from its arrival
+            arrival = cold[0]
         if params.tools is not None:  # the template's call format, or the calls' schema
             self.prompts.plan_tools(params)
         if (params.prompt and len(params.prompt) > OFFLOAD_CHARS) or sum(
@@ -293,9 +305,11 @@ class GenerativeServable:
             arrival=arrival,
             client=params.client,
             level=level,
-            estimate=est.seconds,
+            # a cold start's wait is the load's, which the estimate does not learn from
+            estimate=est.seconds if cold is None else 0.0,
             estimate_raw=est.raw,
             case=est.case,
+            load_s=cold[1] if cold is not None else 0.0,
         )
         engine.submit(req)
         return GenerationStream(self, req, queue)

@@ -189,6 +189,11 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
         return
     hists = {
         "ttft_seconds": ("Time from arrival to the first generated token", "ttft_hist"),
+        "cold_ttft_seconds": (
+            "Time from arrival to the first token of requests whose model was loaded for them "
+            "(llm_memory_mib; the load included)",
+            "cold_ttft_hist",
+        ),
         "itl_seconds": ("Time between generated tokens (inter-token latency)", "itl_hist"),
         "e2e_seconds": ("Time from arrival to the last token", "e2e_hist"),
         "queue_seconds": ("Time a generation waited for a sequence slot", "queue_hist"),

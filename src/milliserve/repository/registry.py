@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from milliserve.config.model_config import ModelConfig, config_path
 from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError, shown
 from milliserve.llm.servable import GenerativeServable
 from milliserve.pipeline.ensemble import PipelineRuntime
+from milliserve.repository.on_demand import OnDemand, resident_bytes
 from milliserve.repository.overrides import LoadOverride, parse_override
 from milliserve.repository.repository import Repository, valid_model_name, versions_in
 from milliserve.runtime.executor import Executor
@@ -65,8 +67,11 @@ class ModelRegistry:
         executor: Executor,
         caches: CacheFactory | None = None,
         expose_names: bool = False,
+        llm_memory_mib: int = 0,
     ) -> None:
         self.repository = repository
+        # generative models loaded on demand under this cap (repository/on_demand.py)
+        self.on_demand = OnDemand(llm_memory_mib << 20) if llm_memory_mib > 0 else None
         self._executor = executor
         self.caches = caches or CacheFactory()
         # whether a 404 may list the models this server has (off: a client learns nothing
@@ -185,10 +190,14 @@ class ModelRegistry:
 
     async def load_all(self, names: list[str] | None = None) -> None:
         """Load several models at start-up; a failure is recorded and the others still load.
-        A model that a pipeline already loaded as its dependency is not loaded again."""
+        A model that a pipeline already loaded as its dependency is not loaded again, and
+        generative models load on demand when ``llm_memory_mib`` is set."""
         for name in names if names is not None else self.repository.model_names():
             entry = self._entries.get(name)
             if entry is not None and entry.versions:
+                continue
+            if self.on_demand is not None and self.is_generative(name):
+                log.info("model %s loads on its first request (llm_memory_mib)", name)
                 continue
             try:
                 await self.load(name)
@@ -196,6 +205,79 @@ class ModelRegistry:
                 pass  # recorded in the index and logged by load()
             except NotFoundError as exc:
                 log.error("cannot load %r: %s", name, exc)
+
+    # ---- generative models on demand (repository/on_demand.py) ----
+    def is_generative(self, name: str) -> bool:
+        """Whether the repository's model ``name`` is served by a generative backend (its
+        latest version folder's, as the config says)."""
+        try:
+            model_dir = self.repository.model_dir(name)
+            config = self.repository.read_config(name)
+            versions = versions_in(model_dir)
+            if not versions or (config is not None and config.ensemble_scheduling is not None):
+                return False
+            where = str(config_path(model_dir))
+            return generative_backend_for(config, model_dir / str(versions[-1]), where) is not None
+        except (ConfigError, NotFoundError, OSError):
+            return False
+
+    def on_demand_models(self) -> dict[str, bool]:
+        """With ``llm_memory_mib``: every generative model of the repository, and whether it
+        is loaded (``GET /v1/models``). Empty without it."""
+        if self.on_demand is None:
+            return {}
+        names = [n for n in self.repository.model_names() if self.is_generative(n)]
+        return {n: bool(n in self._entries and self._entries[n].versions) for n in names}
+
+    def _loaded_generative(self) -> list[str]:
+        return [
+            n
+            for n, e in self._entries.items()
+            if e.versions and any(isinstance(rt, GenerativeServable) for rt in e.versions.values())
+        ]
+
+    def _busy(self, name: str) -> bool:
+        """A model with requests running or waiting, or used within the last second (a
+        request may hold it between looking it up and handing its work to the engine)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return False
+        od = self.on_demand
+        recent = od is not None and name in od.models and time.monotonic() - od.models[name].last_used < 1.0
+        return recent or any(rt.stats.pending() for rt in entry.versions.values())
+
+    async def ensure_loaded(self, name: str) -> None:
+        """With ``llm_memory_mib``: load the generative model ``name`` if it is not loaded,
+        unloading idle ones (least recently used first) to keep under the cap, and mark it
+        used. Nothing for other models, or without the cap (``get`` says why not)."""
+        od = self.on_demand
+        if od is None:
+            return
+        entry = self._entries.get(name)
+        if entry is not None and entry.versions:
+            od.touch(name)
+            return
+        if not self.is_generative(name):
+            return
+        arrival = time.perf_counter()
+        async with od.lock:  # one load at a time: a model is never loaded twice
+            entry = self._entries.get(name)
+            if entry is not None and entry.versions:
+                od.touch(name)
+                return
+            need = od.expected(name, self.repository.model_dir(name))
+            # a model the repository API loaded has not been measured: its files' size
+            size = lambda n: od.expected(n, self.repository.model_dir(n))  # noqa: E731
+            await od.make_room(name, need, self._loaded_generative, size, self._busy, self.unload)
+            before = resident_bytes()
+            await self.load(name)
+            od.measured(name, resident_bytes() - before)
+            od.touch(name)
+        loaded = time.perf_counter()
+        for rt in self._entries[name].versions.values():
+            if isinstance(rt, GenerativeServable):
+                rt.loaded_on_demand(arrival, loaded - arrival)
+        log.info("loaded %s on demand in %.2f s", name, loaded - arrival)
 
     async def unload(self, name: str) -> None:
         entry = self._entry(name)

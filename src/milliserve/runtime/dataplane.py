@@ -119,6 +119,17 @@ class DataPlane:
             )
         return servable
 
+    async def acquire_as(self, kind: Any, name: str, version: str = "", what: str = "") -> Any:
+        """``servable_as``, after loading ``name`` if it is a generative model that loads on
+        demand (``llm_memory_mib``: repository/on_demand.py)."""
+        await self.registry.ensure_loaded(name)
+        return self.servable_as(kind, name, version, what)
+
+    def on_demand_models(self) -> dict[str, bool]:
+        """Generative models that load on demand, and whether each is loaded (empty unless
+        ``llm_memory_mib`` is set)."""
+        return self.registry.on_demand_models()
+
     def ready_as(self, kind: Any) -> list[Any]:
         """The ready servables that are a ``kind`` (``GET /v1/models``: the generative ones)."""
         return [s for s in self.registry.all_ready() if isinstance(s, kind)]

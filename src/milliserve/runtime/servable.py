@@ -72,6 +72,14 @@ class ServableRegistry(Protocol):
 
     async def unload(self, name: str) -> None: ...
 
+    async def ensure_loaded(self, name: str) -> None:
+        """Load ``name`` if it is a model that loads on demand and is not loaded."""
+        ...
+
+    def on_demand_models(self) -> dict[str, bool]:
+        """Models that load on demand, and whether each is loaded."""
+        ...
+
 
 class RoadServable:
     """A servable whose requests walk ``road``; subclasses build the road when they load."""

@@ -88,6 +88,8 @@ class GenerationStats:
     ``running``/``waiting``/``kv`` are read from the engine when scraped."""
 
     ttft_hist: HistogramData = field(default_factory=_latency)
+    # first tokens of requests whose model was loaded for them (llm_memory_mib), load included
+    cold_ttft_hist: HistogramData = field(default_factory=_latency)
     itl_hist: HistogramData = field(default_factory=_latency)
     e2e_hist: HistogramData = field(default_factory=_latency)
     queue_hist: HistogramData = field(default_factory=_latency)

@@ -80,7 +80,11 @@ class Server:
         redis = settings.redis
         self.caches = CacheFactory(redis.url, redis.timeout_ms / 1000, redis.backoff_s)
         self.registry = ModelRegistry(
-            Repository(settings.model_repository), self.executor, self.caches, settings.expose_model_names
+            Repository(settings.model_repository),
+            self.executor,
+            self.caches,
+            settings.expose_model_names,
+            settings.llm_memory_mib,
         )
         self.metrics = Metrics(
             self.prometheus_registry, lambda: (rt.stats for rt in self.registry.all_ready())

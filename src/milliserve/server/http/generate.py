@@ -202,6 +202,8 @@ class GenerateRoutes:
         """Generative models, then the embedding, reranking and classifying ones, each name
         once with what it serves (``capabilities``, as infinity's /models says it)."""
         served = {s.config.name: ["generate"] for s in self.dp.ready_as(EngineClient)}
+        for name in self.dp.on_demand_models():  # loaded or not (llm_memory_mib)
+            served.setdefault(name, ["generate"])
         for name, what in self.dp.encoder_capabilities().items():
             served.setdefault(name, []).extend(what)
         return served
@@ -211,6 +213,10 @@ class GenerateRoutes:
         if method == "GET" and rest == ["models"]:
             now = int(time.time())
             data = [_model(n, what, now) for n, what in self._served().items()]
+            loaded = self.dp.on_demand_models()
+            for doc in data:  # models on demand: loaded or not (llama-server's router says so)
+                if doc["id"] in loaded:
+                    doc["status"] = {"value": "loaded" if loaded[doc["id"]] else "unloaded"}
             await self._json(send, {"object": "list", "data": data})
             return
         if method == "GET" and len(rest) == 2 and rest[0] == "models":
@@ -228,7 +234,7 @@ class GenerateRoutes:
         chat = rest[0] == "chat"
         params = parse_openai(await self._body(scope, receive), chat)
         params.client = _client_of(scope)
-        servable: EngineClient = self.dp.servable_as(EngineClient, params.model, what=_GENERATIVE)
+        servable: EngineClient = await self.dp.acquire_as(EngineClient, params.model, what=_GENERATIVE)
         if params.tools is not None:  # its own road: the plain chat's stays as it is
             await self._tool_chat(servable, params, receive, send)
             return
@@ -349,7 +355,7 @@ class GenerateRoutes:
         doc = await self._body(scope, receive)
         params = parse_responses(doc)
         params.client = _client_of(scope)
-        servable: EngineClient = self.dp.servable_as(EngineClient, params.model, what=_GENERATIVE)
+        servable: EngineClient = await self.dp.acquire_as(EngineClient, params.model, what=_GENERATIVE)
         t0 = time.perf_counter_ns()
         stream = await servable.generate(params)
         parser = call_parser(params.tools) if params.tools is not None else None
@@ -379,7 +385,7 @@ class GenerateRoutes:
         name, version = rest[0], ""
         if len(rest) >= 4 and rest[1] == "versions":
             version = rest[2]
-        servable: EngineClient = self.dp.servable_as(EngineClient, name, version, _GENERATIVE)
+        servable: EngineClient = await self.dp.acquire_as(EngineClient, name, version, _GENERATIVE)
         params = parse_generate(await self._body(scope, receive))
         params.client = _client_of(scope)
         streaming = rest[-1] == "generate_stream"
