@@ -24,10 +24,10 @@ pytestmark = pytest.mark.e2e
 NAMES = ("smol_a", "smol_b")
 
 
-def _repo(tmp_path: Path, llm_repo: Path) -> Path:
+def _repo(tmp_path: Path, llm_repo: Path, names: tuple[str, ...] = NAMES) -> Path:
     repo = tmp_path / "repo"
     gguf = (llm_repo / "smollm2" / "1" / "model.gguf").resolve()
-    for name in NAMES:
+    for name in names:
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.gguf").symlink_to(gguf)
         (repo / name / "config.pbtxt").write_text(
@@ -120,3 +120,25 @@ def test_concurrent_first_requests_load_a_model_once_and_two_models_answer_toget
             cold = metric(server.metrics_url, "milliserve_generation_cold_ttft_seconds_count", model=name)
             assert cold == 1, answers
         assert _status(server) == {"smol_a": "loaded", "smol_b": "loaded"}
+
+
+def test_the_least_recently_used_of_the_idle_models_unloads(tmp_path: Path, llm_repo: Path) -> None:
+    """Three models, a cap two fit under (from one's size as measured by a first server): a,
+    b load; a is used again; c's load unloads b (the least recently used), not a."""
+    gguf = (llm_repo / "smollm2" / "1" / "model.gguf").resolve().stat().st_size
+    with ServerProcess(_repo(tmp_path / "probe", llm_repo), "--llm-memory-mib", "1") as server:
+        _complete(server, "smol_a")
+        size = metric(server.metrics_url, "milliserve_generation_resident_bytes", model="smol_a")
+    assert size > 0
+    # a loaded (size) and one not loaded yet (its file) fit; two loaded and a third's file do not
+    cap = int(size + gguf + size / 2) >> 20
+    names = ("smol_a", "smol_b", "smol_c")
+    with ServerProcess(_repo(tmp_path, llm_repo, names), "--llm-memory-mib", str(cap)) as server:
+        _complete(server, "smol_a")
+        _complete(server, "smol_b")
+        assert _status(server) == {"smol_a": "loaded", "smol_b": "loaded", "smol_c": "unloaded"}
+        time.sleep(1.1)  # past the second a model counts as in use after its last request
+        _complete(server, "smol_a")
+        time.sleep(1.1)
+        _complete(server, "smol_c")
+        assert _status(server) == {"smol_a": "loaded", "smol_b": "unloaded", "smol_c": "loaded"}

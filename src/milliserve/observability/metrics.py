@@ -241,6 +241,11 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
     kv_cap = GaugeMetricFamily(
         _P + "generation_kv_capacity_tokens", "KV cache cells for sequences", labels=_MV
     )
+    resident = GaugeMetricFamily(
+        _P + "generation_resident_bytes",
+        "Resident memory its load added, as measured when it loaded on demand (llm_memory_mib)",
+        labels=_MV,
+    )
     calib = GaugeMetricFamily(
         _P + "generation_ttft_calibration",
         "Factor applied to the raw TTFT estimate, learned from observed first tokens, by case "
@@ -268,7 +273,9 @@ def _generation(stats: list[ModelStats]) -> Iterator[Metric]:
         kv_cap.add_metric(lv, g.kv_capacity)
         host.add_metric(lv, g.host_cache_bytes())
         accept.add_metric(lv, g.accepted_tokens / g.draft_tokens if g.draft_tokens else 0.0)
+        if g.resident_bytes:
+            resident.add_metric(lv, g.resident_bytes)
         for case, factor in sorted(g.ttft_calibration().items()):
             calib.add_metric([*lv, case], factor)
     yield from (*fam.values(), *cfam.values(), finished, running, waiting, suspended)
-    yield from (kv, kv_cap, host, accept, calib)
+    yield from (kv, kv_cap, host, accept, calib, resident)

@@ -277,6 +277,7 @@ class ModelRegistry:
         for rt in self._entries[name].versions.values():
             if isinstance(rt, GenerativeServable):
                 rt.loaded_on_demand(arrival, loaded - arrival)
+                rt.gen_stats.resident_bytes = od.models[name].measured
         log.info("loaded %s on demand in %.2f s", name, loaded - arrival)
 
     async def unload(self, name: str) -> None:

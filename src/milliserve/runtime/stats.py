@@ -119,6 +119,8 @@ class GenerationStats:
     waiting: Callable[[], int] = lambda: 0
     kv_tokens: Callable[[], int] = lambda: 0
     kv_capacity: int = 0
+    # what loading it added to the process's resident memory (loaded on demand; 0: not measured)
+    resident_bytes: int = 0
 
 
 @dataclass(slots=True)
