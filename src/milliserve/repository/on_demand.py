@@ -57,6 +57,7 @@ class OnDemand:
     """The cap, the models' last use and measured sizes, and the load lock."""
 
     cap_bytes: int
+    wait_s: float = WAIT_S  # how long a load waits for a busy model to become idle
     models: dict[str, _Model] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     loads: int = 0
@@ -85,7 +86,7 @@ class OnDemand:
         the cap beside the loaded ones (``size``: what each takes, ``expected``); wait for a
         busy one to become idle when only busy ones are left. A model alone may pass the cap
         (nothing else to unload)."""
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + self.wait_s
         while True:
             others = [n for n in loaded() if n != name]
             if not others or sum(size(n) for n in others) + need <= self.cap_bytes:
