@@ -142,3 +142,27 @@ def test_the_least_recently_used_of_the_idle_models_unloads(tmp_path: Path, llm_
         time.sleep(1.1)
         _complete(server, "smol_c")
         assert _status(server) == {"smol_a": "loaded", "smol_b": "unloaded", "smol_c": "loaded"}
+
+
+def test_the_repository_api_loads_under_the_cap_too(tmp_path: Path, llm_repo: Path) -> None:
+    """Triton's repository API (explicit mode, nothing loaded at start): loading smol_b
+    unloads the idle smol_a first, as a request's load would; an unloaded model loads again
+    on its next request."""
+    repo = _repo(tmp_path, llm_repo)
+    with ServerProcess(repo, "--llm-memory-mib", "1", "--model-control-mode", "explicit") as server:
+
+        def control(name: str, action: str) -> None:
+            url = f"http://{server.http_url}/v2/repository/models/{name}/{action}"
+            with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=300):
+                pass
+
+        assert _status(server) == {"smol_a": "unloaded", "smol_b": "unloaded"}
+        control("smol_a", "load")
+        assert _status(server) == {"smol_a": "loaded", "smol_b": "unloaded"}
+        assert metric(server.metrics_url, "milliserve_generation_resident_bytes", model="smol_a") > 0
+        time.sleep(1.1)  # past the second a model counts as in use after its load
+        control("smol_b", "load")
+        assert _status(server) == {"smol_a": "unloaded", "smol_b": "loaded"}
+        control("smol_b", "unload")
+        assert _status(server) == {"smol_a": "unloaded", "smol_b": "unloaded"}
+        assert "load" in _complete(server, "smol_b")[1]

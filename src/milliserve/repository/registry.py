@@ -94,6 +94,11 @@ class ModelRegistry:
         the repository). Raises RequestError for bad overrides, ConfigError/BackendError for a
         model that does not load (after recording them)."""
         override = parse_override(name, parameters) if parameters else None
+        entry = self._entries.get(name)
+        cold = entry is None or not entry.versions
+        if override is None and cold and self.on_demand is not None and self.is_generative(name):
+            await self._load_on_demand(name)  # under the cap, as a request's load
+            return
         await self._load(name, override)
 
     async def _load(self, name: str, override: LoadOverride | None) -> None:
@@ -260,25 +265,36 @@ class ModelRegistry:
         if not self.is_generative(name):
             return
         arrival = time.perf_counter()
+        if not await self._load_on_demand(name):
+            return
+        loaded = time.perf_counter()
+        for rt in self._entries[name].versions.values():
+            if isinstance(rt, GenerativeServable):  # its next request: a cold start
+                rt.loaded_on_demand(arrival, loaded - arrival)
+        log.info("loaded %s on demand in %.2f s", name, loaded - arrival)
+
+    async def _load_on_demand(self, name: str) -> bool:
+        """Load the generative model ``name`` under the cap: room made, its size measured.
+        False when another load did it meanwhile."""
+        od = self.on_demand
+        assert od is not None
         async with od.lock:  # one load at a time: a model is never loaded twice
             entry = self._entries.get(name)
             if entry is not None and entry.versions:
                 od.touch(name)
-                return
+                return False
             need = od.expected(name, self.repository.model_dir(name))
-            # a model the repository API loaded has not been measured: its files' size
+            # a model loaded before the cap was set has not been measured: its files' size
             size = lambda n: od.expected(n, self.repository.model_dir(n))  # noqa: E731
             await od.make_room(name, need, self._loaded_generative, size, self._busy, self.unload)
             before = resident_bytes()
-            await self.load(name)
+            await self._load(name, None)
             od.measured(name, resident_bytes() - before)
             od.touch(name)
-        loaded = time.perf_counter()
         for rt in self._entries[name].versions.values():
             if isinstance(rt, GenerativeServable):
-                rt.loaded_on_demand(arrival, loaded - arrival)
                 rt.gen_stats.resident_bytes = od.models[name].measured
-        log.info("loaded %s on demand in %.2f s", name, loaded - arrival)
+        return True
 
     async def unload(self, name: str) -> None:
         entry = self._entry(name)
