@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from milliserve._version import __version__
 from milliserve.protocol.types import InferRequest, InferResponse
@@ -182,6 +182,10 @@ class TracedDataPlane(DataPlane):
     def __init__(self, tracing: Tracing, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tracing = tracing
+
+    def infer_now(self, request: InferRequest) -> InferResponse | None:
+        """A traced request takes the road, which records its spans."""
+        return None if _CURRENT.get() is not None else super().infer_now(request)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         trace = _CURRENT.get()
@@ -376,7 +380,7 @@ class Tracing:
             on_end(span)
 
     # ---- front ends ----
-    def http(self, app: ASGI) -> TracedHttp:
+    def http(self, app: HttpApplication) -> TracedHttp:
         return TracedHttp(app, self)
 
     def grpc_unary(
@@ -432,23 +436,46 @@ def _metadata(ctx: Any) -> Iterable[tuple[str, str]]:
         return []
 
 
+# the scope's key for the sampler's decision, taken by the express lane before the road
+_DECISION = "milliserve.trace_decision"
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
+
+
+class HttpApplication(Protocol):
+    """What is traced: an ASGI application with an express lane (``HttpApp``)."""
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None: ...
+
+    def express(self, scope: Scope, body: bytes) -> Answer | None: ...
+
+
 class TracedHttp:
     """The HTTP application with a SERVER span per request (OpenTelemetry's HTTP semantic
     conventions: ``METHOD /route``, method, path, route, status code)."""
 
-    def __init__(self, app: ASGI, tracing: Tracing) -> None:
+    def __init__(self, app: HttpApplication, tracing: Tracing) -> None:
         self.app, self.tracing = app, tracing
+
+    def express(self, scope: Scope, body: bytes) -> Answer | None:
+        """The application's express lane for a request the sampler leaves out; a sampled
+        one takes the road, which records its spans (the decision is kept in the scope, so
+        that the road does not sample it again)."""
+        decision = scope[_DECISION] = self._decide(scope)
+        return self.app.express(scope, body) if decision is None else None
+
+    def _decide(self, scope: Scope) -> Sampled | None:
+        method, path = scope.get("method", ""), scope.get("path", "")
+        route = _route(path)
+        name = f"{method} {route}" if route else method
+        carrier = _carrier((k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ()))
+        return self.tracing.decide(name, "SERVER", carrier)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        method, path = scope.get("method", ""), scope.get("path", "")
-        route = _route(path)
-        name = f"{method} {route}" if route else method
-        carrier = _carrier((k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ()))
-        decision = self.tracing.decide(name, "SERVER", carrier)
+        decision = scope[_DECISION] if _DECISION in scope else self._decide(scope)
         if decision is None:
             await self.app(scope, receive, send)
             return

@@ -76,7 +76,10 @@ def check_elements(name: str, shape: tuple[int, ...], available: int) -> int:
     return count
 
 
-def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+def _array_from_json(
+    name: str, datatype: str, shape: tuple[int, ...], data: Any, general: bool = False
+) -> np.ndarray:
+    """The tensor ``data`` (JSON values) holds; ``general``: without the fast path for floats."""
     if not isinstance(data, list):
         data = [data]
     count = prod(shape)
@@ -92,6 +95,16 @@ def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
                     f"input {name!r}: BYTES data must be strings, element {i} is {item!r}"
                 )
             out[i] = item.encode()
+    elif not general and datatype in _FLOATS and type(data[0] if data else None) is float:
+        # the common case, in one conversion: JSON numbers into floats. A string, a row of
+        # another length, or an overflow is refused as below; a list that begins with a bool
+        # (refused when all are) or an int (which may exceed any float) takes the general path
+        dtype = oip_to_numpy(datatype)
+        try:
+            with np.errstate(over="raise"):
+                out = np.array(data, dtype=dtype).reshape(-1)
+        except (ValueError, TypeError, OverflowError, FloatingPointError, RecursionError):
+            return _array_from_json(name, datatype, shape, data, general=True)
     else:
         dtype = oip_to_numpy(datatype)
         try:
@@ -114,6 +127,9 @@ def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
             f"input {name!r}: shape {list(shape)} needs {count} elements, data has {out.size}"
         )
     return out.reshape(shape)
+
+
+_FLOATS = frozenset(("FP16", "FP32", "FP64"))
 
 
 def _kind_ok(src: str, dst: str) -> bool:
@@ -244,6 +260,9 @@ def decode_infer_request(
             oip_to_numpy(datatype)
             check_elements(name, shape, len(body))
             data = _array_from_json(name, datatype, shape, item["data"])
+            # JSON has no NaN or infinity, and an overflow was refused: nothing to look for
+            inputs.append(InferTensor(name, datatype, shape, data, iparams, True))
+            continue
         else:
             raise MalformedRequestError(f"input {name!r} has neither 'data' nor binary_data_size")
         inputs.append(InferTensor(name, datatype, shape, data, iparams))

@@ -39,6 +39,9 @@ class InferTensor:
     shape: tuple[int, ...]
     data: np.ndarray[Any, Any]
     parameters: Parameters = field(default_factory=dict)
+    # every value is known to be finite (decoded from JSON, which has no NaN or infinity):
+    # validation need not look (runtime/validation.py)
+    finite: bool = False
 
 
 @dataclass(slots=True)

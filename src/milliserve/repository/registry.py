@@ -53,9 +53,13 @@ class _Entry:
     override: LoadOverride | None = None  # the load request's config and files it serves
 
     def latest(self) -> Runtime | None:
-        if not self.versions:
+        versions = self.versions
+        if len(versions) == 1:  # the common case, on every request
+            for rt in versions.values():
+                return rt
+        if not versions:
             return None
-        return self.versions[max(self.versions, key=int)]
+        return versions[max(versions, key=int)]
 
 
 class ModelRegistry:

@@ -28,7 +28,7 @@ import numpy as np
 
 from milliserve.backends.base import Backend
 from milliserve.errors import BackendError, DeadlineUnmeetableError, InvalidInputError
-from milliserve.protocol.types import InferTensor
+from milliserve.protocol.types import InferRequest, InferTensor
 from milliserve.road import Call, Outputs
 from milliserve.runtime.adaptive import AdaptiveBatching
 from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest, Runner
@@ -73,6 +73,7 @@ class BatchExecute:
         runner: Runner = self._run_batch
         for wrap in around_batch:
             runner = wrap(runner)
+        self._wrapped = bool(around_batch)
         self.batcher = Batcher(policy, runner, len(self._backends))
         self.workers: list[InstanceWorker] = []
         self._inline_mode = inline
@@ -169,6 +170,10 @@ class BatchExecute:
         stages["infer"] = infer = time.perf_counter() - item.dispatched
         if self.adaptive is not None:
             self.adaptive.observe(queue, infer)
+        return self.tensors(request, outputs)
+
+    def tensors(self, request: InferRequest, outputs: Arrays) -> Outputs:
+        """The outputs ``request`` asked for (all, when it named none), as tensors."""
         specs = self.io.outputs
         wanted = [o.name for o in request.outputs] if request.outputs else self._outputs
         return [InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted]
@@ -248,8 +253,32 @@ class BatchExecute:
                 if not it.future.done():
                     it.future.set_exception(err)
             return
-        elapsed = time.perf_counter() - started
         items = sum(it.batch_size for it in batch)
+        queue_ns = [int((it.dispatched - it.enqueued) * 1e9) for it in batch]
+        self._account(started, work, items, queue_ns, inline, in_ns, infer_ns, out_ns)
+        for it, outs in zip(batch, per_item, strict=True):
+            if not it.future.done():
+                it.future.set_result(outs)
+
+    def _account(
+        self,
+        started: float,
+        work: int,
+        items: int,
+        queue_ns: list[int],
+        inline: bool,
+        in_ns: int,
+        infer_ns: int,
+        out_ns: int,
+    ) -> None:
+        """A batch run, in the estimates (``_learn``) and the statistics."""
+        self._learn(started, work, items, inline, infer_ns)
+        self.stats.record_batch(items, queue_ns, in_ns, infer_ns, out_ns)
+
+    def _learn(self, started: float, work: int, items: int, inline: bool, infer_ns: int) -> None:
+        """A batch run, in the inline estimate and the latency estimate."""
+        elapsed = time.perf_counter() - started
+        per_work = self._inline_per_work
         if per_work is not None:
             # Keep the inline estimate honest, from the runs on the worker too: once the
             # estimate is over the bound no batch runs inline, and an estimate fed by inline
@@ -260,8 +289,40 @@ class BatchExecute:
             self.inline_runs += inline
         if self.estimator.active:
             self.estimator.observe(work, elapsed, items, started + elapsed)
-        queue_ns = [int((it.dispatched - it.enqueued) * 1e9) for it in batch]
-        self.stats.record_batch(items, queue_ns, in_ns, infer_ns, out_ns)
-        for it, outs in zip(batch, per_item, strict=True):
-            if not it.future.done():
-                it.future.set_result(outs)
+
+    def runs_now(self, work: int) -> bool:
+        """Whether a request of ``work`` input elements arriving now would run at once, alone
+        and inline: a batch this small runs on the event loop's thread, and the batcher would
+        hand it an idle instance without waiting (``Batcher.alone_now``). The express lane
+        (``ModelRuntime.infer_now``) then runs it with ``run_now``."""
+        if self._wrapped:  # a test's stall injector wraps the batch runs: the road's only
+            return False
+        per_work = self._inline_per_work
+        inline = per_work is not None and per_work * work < self.inline_below_s
+        return (inline or self._inline_mode == "true") and self.batcher.alone_now()
+
+    def run_now(self, inputs: Arrays, batch_size: int, work: int) -> tuple[Arrays, int]:
+        """``inputs`` computed at once on this thread, as ``__call__`` would have run them after
+        its queue's bookkeeping, when ``runs_now`` said so, and the nanoseconds the model
+        took; in the estimates as the road's run is (the caller records the statistics:
+        ``ModelStats.record_alone``). A model's error is raised as the road's request would
+        get it."""
+        started = time.perf_counter()
+        index = self.batcher.take_alone(started)
+        try:
+            t0 = time.perf_counter_ns()
+            outputs = self._backends[index].run(inputs, self._outputs)
+            infer_ns = time.perf_counter_ns() - t0
+        except (BackendError, InvalidInputError) as exc:
+            if isinstance(exc, BackendError):  # client data errors are the client's to see, not logs'
+                log.warning("%s: %s", self.label, exc)
+            raise
+        except Exception as exc:  # a bug, not a model failure: answered as the road answers it
+            log.exception("%s: unexpected error running a batch", self.label)
+            raise BackendError(f"internal error running model {self.label!r}: {exc}") from None
+        finally:
+            self.batcher.give_back(index, started)
+        self._learn(started, work, batch_size, True, infer_ns)
+        if self.adaptive is not None:
+            self.adaptive.observe(0.0, infer_ns / 1e9)
+        return outputs, infer_ns

@@ -288,13 +288,42 @@ class Batcher:
         self._admit(item)
         self._enqueue(item, timeout_s)
 
+    def alone_now(self) -> bool:
+        """Whether a request arriving now would run at once and alone in ``execute``'s own
+        call, without waiting or yielding the loop: nothing queued, an instance free, the
+        batcher open, and no reason to wait for companions (concurrent clients; or the one
+        request in 16 that looks for them). The express lane (``BatchExecute.run_now``) then
+        runs it so in the caller's thread, with ``take_alone`` and ``give_back``."""
+        if self._closed or self._size or not self._free or self._gathering:
+            return False
+        if not self.policy.merge:
+            return True
+        return self._overlap < _MIN_OVERLAP and not (self.gather_ready and (self._gather_count + 1) % 16 == 0)
+
+    def take_alone(self, now: float) -> int:
+        """An idle instance for a request that ``alone_now`` let run at once; its arrival is
+        counted as ``execute`` counts one."""
+        if self.policy.merge and self.gather_ready:
+            self._gather_count += 1  # as ``_gather_now`` counts
+        self._arrived(now)
+        return self._free.pop()
+
+    def give_back(self, index: int, started: float) -> None:
+        """The end of a ``take_alone`` run that began at ``started``. Nothing else ran in
+        between (the run never awaited), so the queue is as it was: empty."""
+        self.busy_s += time.perf_counter() - started
+        self._free.append(index)
+
     def _admit(self, item: QueuedRequest) -> None:
         if self._closed:
             raise ServerShuttingDownError(f"model {self.policy.label!r} is unloading or shutting down")
         limit = self.policy.max_queue_size
         if limit and self._size >= limit:
             self._make_room(item.flow, limit)
-        now = item.enqueued
+        self._arrived(item.enqueued)
+
+    def _arrived(self, now: float) -> None:
+        """A request's arrival, in the estimates of the arrival gap and of overlap."""
         if self._last_arrival is not None:
             gap = now - self._last_arrival
             self._gap = gap if self._gap is None else self._gap + _GAP_ALPHA * (gap - self._gap)

@@ -16,7 +16,7 @@ from milliserve.errors import InvalidInputError, MilliserveError, ModelControlDi
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.runtime.embedding import Embedder, EmbeddingSpec, embedding_spec
 from milliserve.runtime.scoring import Classifier, Reranker, classify_spec, rerank_spec
-from milliserve.runtime.servable import Servable, ServableRegistry
+from milliserve.runtime.servable import RoadServable, Servable, ServableRegistry
 from milliserve.runtime.stats import merge_statistics
 
 __all__ = ["EXTENSIONS", "DataPlane"]
@@ -100,6 +100,12 @@ class DataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         servable = self.registry.get(request.model_name, request.model_version)
         return await servable.infer(request)
+
+    def infer_now(self, request: InferRequest) -> InferResponse | None:
+        """``infer``'s answer computed in this call, where the servable's road would not wait
+        anywhere (its express lane, ``RoadServable.infer_now``); None: await ``infer``."""
+        servable = self.registry.get(request.model_name, request.model_version)
+        return servable.infer_now(request) if isinstance(servable, RoadServable) else None
 
     def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """The responses to one request as the servable produces them (one for a model)."""

@@ -27,18 +27,20 @@ from milliserve.features.fetch import FetchFeatures
 from milliserve.features.store import FeatureSet
 from milliserve.features.tokenize import TokenizerStep
 from milliserve.protocol.datatypes import BYTES, oip_to_numpy
+from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.road import Around, Stage, Step, build_road
 from milliserve.runtime.autocomplete import complete_config
 from milliserve.runtime.batch_execute import BatchExecute
 from milliserve.runtime.batcher import BatchPolicy
-from milliserve.runtime.deadline import LatencyEstimator
+from milliserve.runtime.deadline import LatencyEstimator, request_deadline
 from milliserve.runtime.executor import Executor
 from milliserve.runtime.sequence_execute import SequenceExecute
 from milliserve.runtime.servable import ClientInputs, RoadServable
 from milliserve.runtime.stages import Admit, Deadline, StepStage, Validate, cache_stage
 from milliserve.runtime.stall import stall_injectors
 from milliserve.runtime.stats import ModelStats
-from milliserve.runtime.validation import model_io
+from milliserve.runtime.validation import model_io, validate_request
+from milliserve.status import status_of
 
 __all__ = ["COLOCATE_BELOW_S", "ModelRuntime", "batch_policy", "model_steps"]
 
@@ -141,6 +143,7 @@ class ModelRuntime(RoadServable):
         db = config.dynamic_batching
         self.execute: BatchExecute | SequenceExecute
         self.colocated = False  # whether its workers share the event loop's CPU (set by load)
+        self._express = False  # whether infer_now may answer (the plain road: set below)
         if config.sequence_batching is not None:  # a stateful model: the sequence batcher
             where = model_dir or Path(".")
             inline = _inline_mode(config)
@@ -168,14 +171,63 @@ class ModelRuntime(RoadServable):
         budget_s = config.budget.p99_ms / 1000 if config.budget is not None and config.budget.p99_ms else None
         rc = config.response_cache
         cache = caches.make(rc.enable, rc.backend, rc.ttl_s, rc.max_bytes) if rc is not None else None
+        self._admit = Admit(config.name, self.estimator, self.batcher, len(backends), self.execute.reprobe)
         stages: list[Stage | Around] = [
             Deadline(budget_s, self.execute.policy.delay_on_timeout),
             *(StepStage(s) for s in steps),
             Validate(self.io),
             *cache_stage(cache, self.stats, config.name, version),
-            Admit(config.name, self.estimator, self.batcher, len(backends), self.execute.reprobe),
+            self._admit,
         ]
         self.road = build_road(stages, self.execute)
+        self._budget_s = budget_s
+        # the express lane (infer_now) takes the plain road only: deadline, validation,
+        # admission, an inline run (no pipeline steps in front, no cache around it)
+        self._express = not steps and cache is None
+
+    def infer_now(self, request: InferRequest) -> InferResponse | None:
+        """The express lane (docs/design.md, "The express lane"): a request that would walk
+        this model's road without waiting anywhere (no pipeline steps, no cache, nothing
+        queued, an idle instance, a batch small enough to run inline, no parameters such as
+        a priority or a sequence) is validated, admitted, run and counted here at once, as
+        the road would, with none of the road's awaits, its call and queue objects, or its
+        future. Errors are raised as the road raises them. None: take the road."""
+        execute = self.execute
+        if not self._express or request.parameters or request.trace is not None:
+            return None
+        assert isinstance(execute, BatchExecute)  # a sequence model has no express lane
+        inputs = request.inputs
+        work = 0
+        for t in inputs:
+            work += t.data.size
+        if not execute.runs_now(work):
+            return None
+        t0 = time.perf_counter_ns()
+        start = t0 / 1e9
+        try:
+            batch_size, _ = validate_request(request, self.io)
+            deadline = request_deadline(
+                request.deadline, request.parameters, start, self._budget_s, execute.policy.delay_on_timeout
+            )
+            if deadline is not None:
+                self._admit.check(deadline, work)
+            t1 = time.perf_counter()
+            outputs, infer_ns = execute.run_now({t.name: t.data for t in inputs}, batch_size, work)
+            t2 = time.perf_counter()
+        except BaseException as exc:
+            self.stats.record_request(time.perf_counter_ns() - t0, status_of(exc).reason)
+            raise
+        stats = self.stats
+        response = InferResponse(
+            model_name=self.config.name,
+            model_version=self.version,
+            id=request.id,
+            outputs=execute.tensors(request, outputs),
+            timings={"parse": t1 - start, "queue": 0.0, "infer": t2 - t1},
+            record_stages=stats.record_stages,
+        )
+        stats.record_alone(time.perf_counter_ns() - t0, infer_ns)
+        return response
 
     # ---- loading ----
     @classmethod

@@ -116,6 +116,13 @@ class RoadServable:
         self.stats.record_request(time.perf_counter_ns() - t0, None)
         return response
 
+    def infer_now(self, request: InferRequest) -> InferResponse | None:
+        """The express lane: ``request`` answered at once, without awaiting, where its road
+        would have answered it so anyway; None where it would not (the default), and the
+        front end takes the road (``infer``). A servable whose road can wait (a pipeline, a
+        cache, a sequence) keeps the default."""
+        return None
+
     async def _traced(self, request: InferRequest) -> InferResponse:
         """``infer`` for a traced request: the road that records spans, under one span for
         this servable (``model NAME`` or ``pipeline NAME``)."""

@@ -94,14 +94,17 @@ class Admit:
         self.stage = "parse"
 
     async def run(self, call: Call) -> None:
-        deadline = call.deadline
-        if deadline is None:
-            return
+        if call.deadline is not None:
+            self.check(call.deadline, request_work(call))
+
+    def check(self, deadline: float, work: int) -> None:
+        """Raise DeadlineUnmeetableError for a request of ``work`` input elements that would
+        miss ``deadline``."""
         b, est = self.batcher, self.estimator
         est.active = True
         now = time.perf_counter()
         need = est.needed_s(
-            request_work(call),
+            work,
             b.queued,
             b.free_instances,
             self.instances,

@@ -192,6 +192,47 @@ class ModelStats:
             h.counts[bisect_left(STAGE_BUCKETS, seconds)] += 1
             h.sum += seconds
 
+    def record_alone(self, duration_ns: int, infer_ns: int) -> None:
+        """A successful request that ran alone, at once, with nothing to assemble or split
+        (the express lane): what ``record_batch(1, [0], 0, infer_ns, 0)`` and
+        ``record_request(duration_ns, None)`` record, in a few operations (it runs on every
+        such request)."""
+        self.inference_count += 1
+        self.execution_count += 1
+        self.last_inference_ms = int(time.time() * 1000)
+        self.queue.count += 1
+        self.queue_hist.counts[0] += 1  # a zero wait, in the first bucket
+        self.compute_input.count += 1
+        self.compute_input_hist.counts[0] += 1
+        self.compute_output.count += 1
+        self.compute_output_hist.counts[0] += 1
+        c = self.compute_infer
+        c.count += 1
+        c.ns += infer_ns
+        infer_s = infer_ns / 1e9
+        h = self.compute_infer_hist
+        h.counts[bisect_left(LATENCY_BUCKETS, infer_s)] += 1
+        h.sum += infer_s
+        b = self.batches.get(1)
+        if b is None:
+            b = self.batches[1] = _BatchStat()
+        b.compute_input.count += 1
+        b.compute_output.count += 1
+        c = b.compute_infer
+        c.count += 1
+        c.ns += infer_ns
+        self.batch_hist.counts[0] += 1  # a batch of 1
+        self.batch_hist.sum += 1
+        c = self.success
+        c.count += 1
+        c.ns += duration_ns
+        seconds = duration_ns / 1e9
+        h = self.request_hist
+        h.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        h.sum += seconds
+        if self.first_request_s is None:
+            self.first_request_s = seconds
+
     def record_cache(self, hit: bool, duration_ns: int) -> None:
         """A cache lookup's outcome; for a miss the duration covers the compute it waited for."""
         (self.cache_hit if hit else self.cache_miss).add(duration_ns)

@@ -105,7 +105,8 @@ def validate_request(request: InferRequest, io: ModelIO) -> tuple[int, Signature
             ):
                 if not io.allow_nonfinite:
                     for tensor in inputs:
-                        _check_finite(tensor.name, tensor.data)
+                        if not tensor.finite:
+                            _check_finite(tensor.name, tensor.data)
                 if len(inputs) == 1:
                     return batch, ((inputs[0].name, inputs[0].shape[1:]),)
                 return batch, tuple(sorted((t.name, t.shape[1:]) for t in inputs))
@@ -143,7 +144,7 @@ def validate_request(request: InferRequest, io: ModelIO) -> tuple[int, Signature
                     f"input {tensor.name!r} has batch size {b} but other inputs have {found}"
                 )
             found = b
-        if not io.allow_nonfinite:
+        if not io.allow_nonfinite and not tensor.finite:
             _check_finite(tensor.name, tensor.data)
     missing = sorted(set(io.inputs) - seen - io.optional)
     if missing:

@@ -23,7 +23,7 @@ from milliserve.config.settings import Settings
 from milliserve.errors import ConfigError
 from milliserve.observability.grpc_metrics import GrpcListenerCollector
 from milliserve.observability.metrics import Metrics
-from milliserve.observability.tracing import TracedDataPlane, Tracing
+from milliserve.observability.tracing import TracedDataPlane, TracedHttp, Tracing
 from milliserve.repository.poll import RepositoryPoller
 from milliserve.repository.registry import ModelRegistry
 from milliserve.repository.repository import Repository
@@ -36,6 +36,7 @@ from milliserve.server.grpc.servicer import CallCount, build_grpc_server
 from milliserve.server.h2.limits import Http2Limits
 from milliserve.server.http.app import HttpApp
 from milliserve.server.http.connection import HttpProtocol
+from milliserve.server.http.cycle import Express
 from milliserve.server.http.edge_files import EdgeFiles
 from milliserve.server.http.listener import ConnectionLimits
 from milliserve.server.http.server import HttpServer
@@ -164,12 +165,13 @@ class Server:
         what: str,
         graceful_s: float,
         wire: WireLog | None = None,
+        express: Express | None = None,
     ) -> None:
         """Serve ``app`` on ``sock`` (bound by ``_bind`` or inherited from the parent of
         ``--workers``) with ``limits``; ``graceful_s``: how long its requests in flight get
-        at the stop (0: no bound)."""
+        at the stop (0: no bound); ``express``: its express lane (``HttpApp.express``)."""
         protocol = timed_protocol(HttpProtocol, wire) if wire is not None else HttpProtocol
-        server = HttpServer(app, limits, protocol, what)
+        server = HttpServer(app, limits, protocol, what, express)
         await server.start(sock)
         self._http.append((server, graceful_s or None))
 
@@ -262,10 +264,12 @@ class Server:
             if not w.accept_early:  # join the shared ports only once warm
                 await self._load()
         if http_sock is not None:
-            app: Any = self.http_app() if self.tracing is None else self.tracing.http(self.http_app())
+            app: HttpApp | TracedHttp = self.http_app()
+            if self.tracing is not None:
+                app = self.tracing.http(app)
             if self._wire is not None:
                 self._wire.start()
-            await self._listen(app, limits, http_sock, "http", s.shutdown_grace_s, self._wire)
+            await self._listen(app, limits, http_sock, "http", s.shutdown_grace_s, self._wire, app.express)
         if isinstance(self._grpc, NativeGrpcServer):
             assert self._grpc_sock is not None
             await self._grpc.start(self._grpc_sock)

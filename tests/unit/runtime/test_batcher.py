@@ -352,3 +352,41 @@ def test_gathering_goes_on_while_turns_bring_companions(run: Any) -> None:
     one_turn = run(main(1))
     assert one_turn[0] == [0, 1]
     assert sorted(x for batch in one_turn for x in batch) == [0, 1, 2, 3]
+
+
+def test_a_lone_request_runs_alone_only_where_execute_would_run_it_at_once(run: Any, poll: Any) -> None:
+    """``alone_now`` (the express lane's question): an idle instance, nothing queued, and no
+    reason to wait for companions; ``take_alone`` counts the arrival as ``execute`` does."""
+
+    def alone(b: Batcher) -> bool:
+        if not b.alone_now():
+            return False
+        b.give_back(b.take_alone(time.perf_counter()), time.perf_counter())
+        return True
+
+    async def body() -> None:
+        runner = Recorder(work_s=0.05)
+        b = await started(policy(max_queue_delay_s=0.01, preferred_batch_sizes=(4,)), runner)
+        assert alone(b)
+        running = asyncio.ensure_future(b.execute(item(1), None))
+        await busy(runner, poll)
+        assert not b.alone_now()  # the one instance is busy
+        queued = asyncio.ensure_future(b.execute(item(2), None))
+        await asyncio.sleep(0)
+        assert not b.alone_now()  # and a request is queued
+        await asyncio.gather(running, queued)
+        # arrivals that overlapped others: the batcher may wait for companions, the lane steps aside
+        for _ in range(4):
+            await asyncio.gather(*(b.execute(item(i), None) for i in range(4)))
+        assert not b.alone_now()
+        # a sequential client again: the lane comes back
+        runner.work_s = 0.0
+        for i in range(20):
+            await b.execute(item(i), None)
+        assert alone(b)
+        # with gathering on, one request in 16 looks for companions on the road
+        b.gather_ready = True
+        assert [alone(b) for _ in range(16)].count(False) == 1
+        await b.close()
+
+    run(body())

@@ -17,6 +17,7 @@ from milliserve.server.eager import start_eager
 from milliserve.server.http.connection import HttpProtocol
 from milliserve.server.http.listener import ConnectionLimits
 from milliserve.server.http.server import HttpServer
+from tests.support.transport import Transport
 
 
 def in_loop(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
@@ -31,38 +32,6 @@ def in_loop(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]
 
 LIMITS = ConnectionLimits(65536, 10.0, 10.0, 10.0, 100)
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="outside")
-
-
-class Transport:
-    """What the protocol writes, and the little else it asks of a transport."""
-
-    def __init__(self) -> None:
-        self.out: list[bytes] = []
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.out.append(data)
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closing = True
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        pass
 
 
 def post(path: bytes, body: bytes) -> bytes:

@@ -29,6 +29,7 @@ from milliserve.protocol.json_codec import (
     encode_infer_response,
     encode_json,
 )
+from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.road import Offload
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.auth import Auth
@@ -144,10 +145,7 @@ class HttpApp:
                 return
             raise
         except MilliserveError as exc:
-            status = status_of(exc).http
-            body, headers = encode_json({"error": exc.message}), [_JSON]
-            if status == 401:
-                headers.append((b"www-authenticate", b'Bearer realm="milliserve"'))
+            status, body, headers = _error_answer(exc)
         except Exception:  # a bug: answer 500 for this request, keep serving, log the trace
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             status, body, headers = 500, encode_json({"error": "internal server error (logged)"}), [_JSON]
@@ -312,15 +310,56 @@ class HttpApp:
             t2 = time.perf_counter()
             if shm is not None:
                 shm.write_outputs(response)
-            out, out_header_len = encode_infer_response(response, request)
+            return _answer(response, request, t0, t1, t2)
         finally:
             if shm is not None:
                 shm.release()
-        t3 = time.perf_counter()
-        timing = (_SERVER_TIMING, finish_stages(response, t1 - t0, t3 - t2, t3 - t0).encode())
-        if out_header_len is None:
-            return 200, out, [_JSON, timing]
-        return 200, out, [_OCTET, (_HEADER_LEN, str(out_header_len).encode()), timing]
+
+    def express(self, scope: Scope, body: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
+        """The express lane of ``POST /v2/models/{m}[/versions/{v}]/infer`` (docs/design.md,
+        "The express lane"), for a request whose whole body is in: its answer computed in
+        this call, where the model's road would not wait anywhere (``DataPlane.infer_now``).
+        None for anything else (a compressed body, a deadline header, shared memory, a body
+        over a limit, a request that does not decode, a model whose road would wait): the
+        request then takes the road (``__call__``), which answers it as always, its errors
+        included. The connection calls this before it starts the application."""
+        if scope["method"] != "POST" or self.local_only or self.shm.enabled:
+            return None
+        parts = scope["path"].strip("/").split("/")
+        if len(parts) < 4 or parts[0] != "v2" or parts[1] != "models" or parts[-1] != "infer":
+            return None
+        name, version, tail = self._model_ref(parts[1:])
+        if tail != ["infer"]:
+            return None
+        headers = scope["headers"]
+        header_len: int | None = None
+        for k, v in headers:
+            if k == _HEADER_LEN:
+                if not v.isdigit():
+                    return None
+                header_len = int(v)
+            elif k == _DEADLINE or k == b"content-encoding":
+                return None
+        if header_len is None:
+            if len(body) > min(self.max_request_bytes, self.max_json_bytes):
+                return None
+        elif len(body) > self.max_request_bytes or header_len > self.max_json_bytes:
+            return None
+        t0 = time.perf_counter()
+        try:
+            self.auth.check(headers, "api")
+            request = decode_infer_request(body, header_len, name, version, None)
+        except MilliserveError:
+            return None
+        request.client = scope.get("client")
+        try:
+            t1 = time.perf_counter()
+            response = self.dp.infer_now(request)
+            if response is None:
+                return None
+            return _answer(response, request, t0, t1, time.perf_counter())
+        except MilliserveError as exc:
+            return _error_answer(exc)
 
     def _get(self, rest: list[str]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         dp = self.dp
@@ -380,3 +419,26 @@ class HttpApp:
                 await self.dp.unload_model(rest[1], params)
             return 200, _EMPTY_OK, [_JSON]
         raise NotFoundError(f"no route for POST /v2/repository/{'/'.join(rest)}")
+
+
+def _answer(
+    response: InferResponse, request: InferRequest, t0: float, t1: float, t2: float
+) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """An inference's answer: the response encoded as the request asked (JSON, or the
+    binary tensor extension), with its Server-Timing (decoding from ``t0`` to ``t1``, the
+    servable until ``t2``, then the encoding)."""
+    out, out_header_len = encode_infer_response(response, request)
+    t3 = time.perf_counter()
+    timing = (_SERVER_TIMING, finish_stages(response, t1 - t0, t3 - t2, t3 - t0).encode())
+    if out_header_len is None:
+        return 200, out, [_JSON, timing]
+    return 200, out, [_OCTET, (_HEADER_LEN, str(out_header_len).encode()), timing]
+
+
+def _error_answer(exc: MilliserveError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """A refused request's answer: its status from the one error table, the message as JSON."""
+    status = status_of(exc).http
+    headers = [_JSON]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="milliserve"'))
+    return status, encode_json({"error": exc.message}), headers

@@ -80,6 +80,7 @@ class HttpProtocol(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server_of = server
         self.app = server.app
+        self.express = server.express
         self.listener: Listener = server.listener
         self.loop = asyncio.get_running_loop()
         self.connections: set[Any] = server.connections
@@ -232,8 +233,13 @@ class HttpProtocol(asyncio.Protocol):
             raise _HeadTooLarge
         parser = self.parser
         version = parser.get_http_version()
-        url = httptools.parse_url(self._url)
-        raw_path: bytes = url.path
+        raw_url = self._url
+        query = b""
+        if raw_url[:1] == b"/" and b"?" not in raw_url and b"#" not in raw_url:
+            raw_path = raw_url  # a plain path, the common case: nothing to split
+        else:
+            url = httptools.parse_url(raw_url)
+            raw_path, query = url.path, url.query or b""
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
@@ -248,7 +254,7 @@ class HttpProtocol(asyncio.Protocol):
             "root_path": "",
             "path": path,
             "raw_path": raw_path,
-            "query_string": url.query or b"",
+            "query_string": query,
             "headers": self._headers,
         }
         keep_alive = version != "1.0" and parser.should_keep_alive() and not self._closing
@@ -284,7 +290,9 @@ class HttpProtocol(asyncio.Protocol):
         if self._deferred is cycle:
             self._deferred = None
             self._phase = _BUSY  # the answer may come at once, inside _start
-            self._start(cycle)
+            express = self.express
+            if express is None or not cycle.answer_now(express):
+                self._start(cycle)
         else:
             cycle.wake()
         if cycle.complete:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from milliserve.server.http.asgi import CLIENT_GONE, Message
 
-__all__ = ["STATUS_LINE", "Connection", "Cycle"]
+__all__ = ["STATUS_LINE", "Connection", "Cycle", "Express"]
 
 log = logging.getLogger("milliserve.server.http")
 
@@ -43,6 +44,11 @@ _INTERNAL_ERROR = (
     b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error"
 )
 _NO_BODY_STATUS = frozenset((204, 304))
+
+
+# an application's express lane (``HttpApp.express``): the (status, body, headers) of a
+# request whose body is in, computed at once, or None for the application to run as always
+Express = Callable[[dict[str, Any], bytes], "tuple[int, bytes, list[tuple[bytes, bytes]]] | None"]
 
 
 class Connection(Protocol):
@@ -214,6 +220,28 @@ class Cycle:
             self._done()
             if not self.keep_alive:
                 self.conn.close_after(self)
+
+    def answer_now(self, express: Express) -> bool:
+        """Answer with ``express``'s response, computed in this call, when it gives one for
+        this request (whose whole body is in and unread), in one write; False: it gave
+        none, and the application is to run as always."""
+        chunks = self._chunks
+        try:
+            answer = express(self.scope, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        except Exception:  # a bug: logged, and the application answers the request
+            log.exception("exception in the HTTP application's express lane")
+            return False
+        if answer is None:
+            return False
+        status, body, headers = answer
+        self.started = True
+        head = self._head_bytes({"status": status, "headers": headers}, len(body))
+        if not self.transport.is_closing():
+            self.transport.write(head + body)
+        self._done()
+        if not self.keep_alive:
+            self.conn.close_after(self)
+        return True
 
     def _head_bytes(self, head: Message, length: int | None) -> bytes:
         status = head["status"]

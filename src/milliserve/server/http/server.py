@@ -26,6 +26,7 @@ import logging
 import socket
 from typing import Any
 
+from milliserve.server.http.cycle import Express
 from milliserve.server.http.listener import ConnectionLimits, Listener
 from milliserve.server.listeners import BACKLOG, accept_waiting
 
@@ -40,10 +41,19 @@ _POLL_S = 0.02
 class HttpServer:
     """An HTTP/1.1 listener serving ``app`` (ASGI) with ``limits``: ``await start(sock)``,
     then ``await stop(grace_s)``. ``protocol``: the connection class (``HttpProtocol`` or a
-    subclass of it, e.g. ``wire_timing.timed_protocol``'s)."""
+    subclass of it, e.g. ``wire_timing.timed_protocol``'s); ``express``: the application's
+    express lane (``HttpApp.express``), tried first for a small request whose body is in."""
 
-    def __init__(self, app: Any, limits: ConnectionLimits, protocol: type[Any], what: str = "http") -> None:
+    def __init__(
+        self,
+        app: Any,
+        limits: ConnectionLimits,
+        protocol: type[Any],
+        what: str = "http",
+        express: Express | None = None,
+    ) -> None:
         self.app = app
+        self.express = express  # the application's express lane (``Cycle.answer_now``), if any
         self.listener = Listener(limits)
         self.protocol = protocol
         self.what = what

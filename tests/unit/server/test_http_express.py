@@ -1,0 +1,221 @@
+"""The express lane (docs/design.md, "The express lane"): a plain inference request whose
+model's road would not wait anywhere is answered inside the parser's callback, with the
+answer, the statistics and the errors the road gives; anything else takes the road."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from milliserve.config.settings import Settings
+from milliserve.examples.fraud_mlp import FEATURES, build_fraud_mlp
+from milliserve.protocol.json_codec import decode_infer_request
+from milliserve.protocol.types import InferRequest, InferResponse
+from milliserve.server.app import Server
+from tests.support.transport import Transport
+
+PATH = b"/v2/models/fraud_mlp/infer"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fraud_mlp as the example ships it, and the same file under other configs."""
+    root = tmp_path_factory.mktemp("repo")
+    build_fraud_mlp(root, rows=2000, epochs=1)
+    config = (root / "fraud_mlp" / "config.pbtxt").read_text()
+    model = (root / "fraud_mlp" / "1" / "model.onnx").read_bytes()
+    extra = {
+        "fraud_worker": 'parameters { key: "inline_execution" value: { string_value: "false" } }\n',
+        "fraud_cached": "response_cache { enable: true }\n",
+        "fraud_budget": "budget { p99_ms: 50 }\n",
+    }
+    for name, lines in extra.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.onnx").write_bytes(model)
+        (root / name / "config.pbtxt").write_text(config.replace('"fraud_mlp"', f'"{name}"') + lines)
+    return root
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path, loop: asyncio.AbstractEventLoop) -> Iterator[Server]:
+    ports = {"http": {"port": 0}, "grpc": {"port": 0}, "metrics": {"port": 0}}
+    srv = Server(Settings(model_repository=repo, **ports))
+    loop.run_until_complete(srv.start())
+    yield srv
+    loop.run_until_complete(srv.stop())
+
+
+def json_request(x: np.ndarray[Any, Any], path: bytes = PATH) -> bytes:
+    body = orjson.dumps(
+        {"inputs": [{"name": "features", "shape": list(x.shape), "datatype": "FP32", "data": x.tolist()}]}
+    )
+    return b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b" % (path, len(body), body)
+
+
+def binary_request(x: np.ndarray[Any, Any]) -> bytes:
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "features",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+        }
+    )
+    body = header + x.tobytes()
+    head = b"POST %b HTTP/1.1\r\nHost: x\r\nInference-Header-Content-Length: %d\r\n" % (PATH, len(header))
+    return head + b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+
+
+class Client:
+    """One connection to the server's HTTP listener, with or without its express lane."""
+
+    def __init__(self, server: Server, loop: asyncio.AbstractEventLoop, express: bool = True) -> None:
+        self.loop = loop
+        http = server._http[0][0]
+        self.transport = Transport()
+        self.protocol = loop.run_until_complete(self._connect(http, express, self.transport))
+
+    @staticmethod
+    async def _connect(http: Any, express: bool, transport: Transport) -> Any:
+        protocol = http.connection()  # in the loop: the protocol takes the running one
+        if not express:
+            protocol.express = None
+        protocol.connection_made(transport)
+        return protocol
+
+    def send(self, request: bytes) -> bool:
+        """Feed ``request`` (in the running loop, as the transport would); whether its answer
+        was written before the callback returned."""
+        before = len(self.transport.out)
+
+        async def fed() -> bool:
+            self.protocol.data_received(request)
+            at_once = len(self.transport.out) > before
+            while len(self.transport.out) == before:  # the road's task answers  # noqa: ASYNC110
+                await asyncio.sleep(0.001)
+            return at_once
+
+        return self.loop.run_until_complete(asyncio.wait_for(fed(), 30))
+
+    def answer(self) -> tuple[int, dict[str, str], bytes]:
+        head, _, body = self.transport.out[-1].partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        return int(lines[0].split()[1]), headers, body
+
+
+def features(seed: int = 0, rows: int = 1) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(seed).normal(size=(rows, FEATURES)).astype(np.float32)
+
+
+def test_a_plain_request_is_answered_in_the_callback_as_the_road_answers_it(
+    server: Server, loop: asyncio.AbstractEventLoop
+) -> None:
+    express, road = Client(server, loop), Client(server, loop, express=False)
+    requests = (json_request(features(1)), json_request(features(2, rows=3)), binary_request(features(3)))
+    for request in requests:
+        assert express.send(request), "the express lane answers in the parser's callback"
+        road.send(request)
+        (s1, h1, b1), (s2, h2, b2) = express.answer(), road.answer()
+        assert s1 == s2 == 200
+        assert b1 == b2  # the same outputs, encoded the same way
+        assert h1.keys() == h2.keys()
+        assert h1["server-timing"].split(", ")[0].startswith("parse;dur=")
+    # the answer came from the lane, not from the road run at once (server/eager.py)
+    http = server._http[0][0]
+    assert http.express is not None
+    scope, body = express.protocol.cycle.scope, binary_request(features(3)).partition(b"\r\n\r\n")[2]
+    answer = http.express(scope, body)
+    assert answer is not None and answer[0] == 200 and answer[1] == b1
+
+
+def test_its_statistics_are_those_the_road_records(server: Server, loop: asyncio.AbstractEventLoop) -> None:
+    def counts(stats: dict[str, Any]) -> tuple[Any, ...]:
+        s = stats["inference_stats"]
+        return (
+            stats["inference_count"],
+            stats["execution_count"],
+            *(s[k]["count"] for k in ("success", "queue", "compute_input", "compute_infer")),
+            s["compute_output"]["count"],
+            {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]},
+        )
+
+    runtime = server.registry.get("fraud_mlp")
+    before = counts(runtime.stats.as_dict())
+    express = Client(server, loop)
+    for i in range(5):
+        assert express.send(json_request(features(i)))
+    after_express = counts(runtime.stats.as_dict())
+    road = Client(server, loop, express=False)
+    for i in range(5):
+        road.send(json_request(features(i)))
+    after_road = counts(runtime.stats.as_dict())
+
+    def delta(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
+        batches = {k: v - a[-1].get(k, 0) for k, v in b[-1].items() if v != a[-1].get(k, 0)}
+        return (*(y - x for x, y in zip(a[:-1], b[:-1], strict=True)), batches)
+
+    assert delta(before, after_express) == delta(after_express, after_road) == (5, 5, 5, 5, 5, 5, 5, {1: 5})
+    histograms = runtime.stats.request_hist.counts, runtime.stats.compute_infer_hist.counts
+    assert all(sum(h) == runtime.stats.success.count for h in histograms)
+
+
+def test_a_bad_request_gets_the_roads_answer(server: Server, loop: asyncio.AbstractEventLoop) -> None:
+    express, road = Client(server, loop), Client(server, loop, express=False)
+    wrong_shape = json_request(np.zeros((1, FEATURES + 1), np.float32))
+    not_json = b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{nope" % PATH
+    unknown = json_request(features(), b"/v2/models/nope/infer")
+    failures = server.registry.get("fraud_mlp").stats.fail.count
+    for request in (wrong_shape, not_json, unknown):
+        express.send(request)
+        road.send(request)
+        assert express.answer()[0] == road.answer()[0] in (400, 404)
+        assert json.loads(express.answer()[2]) == json.loads(road.answer()[2])
+    # the shape error is counted once by each lane, as the road counts it
+    assert server.registry.get("fraud_mlp").stats.fail.count == failures + 2
+
+
+def decoded(name: str, parameters: dict[str, Any] | None = None) -> InferRequest:
+    doc: dict[str, Any] = {
+        "inputs": [{"name": "features", "shape": [1, FEATURES], "datatype": "FP32", "data": [0.5] * FEATURES}]
+    }
+    if parameters:
+        doc["parameters"] = parameters
+    return decode_infer_request(orjson.dumps(doc), None, name, "")
+
+
+def test_a_model_whose_road_may_wait_takes_the_road(server: Server, loop: asyncio.AbstractEventLoop) -> None:
+    async def lane(name: str, parameters: dict[str, Any] | None = None) -> InferResponse | None:
+        return server.registry.get(name).infer_now(decoded(name, parameters))
+
+    assert loop.run_until_complete(lane("fraud_mlp")) is not None
+    # a model on its worker thread, one behind a cache, a request with parameters (a
+    # priority, a timeout, a sequence): the road's
+    assert loop.run_until_complete(lane("fraud_worker")) is None
+    assert loop.run_until_complete(lane("fraud_cached")) is None
+    assert loop.run_until_complete(lane("fraud_mlp", {"timeout": 10_000_000})) is None
+    # a budget is checked in the lane: an idle microsecond model is admitted at once
+    assert loop.run_until_complete(lane("fraud_budget")) is not None
+    client = Client(server, loop)
+    for name in ("fraud_worker", "fraud_cached", "fraud_budget"):
+        client.send(json_request(features(), f"/v2/models/{name}/infer".encode()))
+        assert client.answer()[0] == 200
