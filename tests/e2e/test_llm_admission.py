@@ -392,26 +392,40 @@ def _ratio_bucket(server: ServerProcess, le: str) -> float:
     return metric(server.metrics_url, "milliserve_generation_ttft_estimate_ratio_bucket", le=le)
 
 
+def _stream_from(server: ServerProcess, body: dict[str, Any], source: str) -> tuple[int, bytes]:
+    """A streamed completion from ``source``: its status and its whole body."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=300, source_address=(source, 0))
+    try:
+        doc = json.dumps({**body, "stream": True})
+        conn.request("POST", "/v1/completions", doc, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
 def test_a_full_queue_gives_a_newcomer_the_place_of_the_floods_latest(tmp_path: Path, llm_repo: Path) -> None:
-    """One slot, a queue of 8. 127.0.0.1 holds the slot and fills seven places (its share);
-    127.0.0.2 takes the eighth, then sends two more while the queue is full: each takes the
-    place of 127.0.0.1's latest waiting request, which ends with a 429 saying so. All three
-    of 127.0.0.2's requests are answered."""
+    """One slot, a queue of 8. 127.0.0.1 holds the slot and fills seven places (its share;
+    the last a stream); 127.0.0.2 takes the eighth, then sends two more while the queue is
+    full: each takes the place of 127.0.0.1's latest waiting request, which ends with a 429
+    saying so (the stream's in its body: its status line was out). All three of
+    127.0.0.2's requests are answered."""
     repo = _repo(tmp_path, llm_repo, max_sequences="1", max_queue="8", preemption="off")
     with ServerProcess(repo) as server:
         body = {"model": MODEL, "prompt": "Count slowly:", "ignore_eos": True, "temperature": 0}
+        short = {**body, "max_tokens": 8}
         url = server.metrics_url
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             first = pool.submit(_post_from, server, {**body, "max_tokens": 400}, "127.0.0.1")
             wait_until(lambda: metric(url, "milliserve_generation_running") == 1, 120, "the slot taken")
-            flood = [
-                pool.submit(_post_from, server, {**body, "max_tokens": 8}, "127.0.0.1") for _ in range(7)
-            ]
+            flood = [pool.submit(_post_from, server, short, "127.0.0.1") for _ in range(6)]
+            wait_until(lambda: metric(url, "milliserve_generation_waiting") == 6, 120, "six waiting")
+            streamed = pool.submit(_stream_from, server, short, "127.0.0.1")
             wait_until(lambda: metric(url, "milliserve_generation_waiting") == 7, 120, "seven waiting")
-            newcomer = [pool.submit(_post_from, server, {**body, "max_tokens": 8}, "127.0.0.2")]
+            newcomer = [pool.submit(_post_from, server, short, "127.0.0.2")]
             wait_until(lambda: metric(url, "milliserve_generation_waiting") == 8, 120, "the queue full")
             for _ in range(2):
-                newcomer.append(pool.submit(_post_from, server, {**body, "max_tokens": 8}, "127.0.0.2"))
+                newcomer.append(pool.submit(_post_from, server, short, "127.0.0.2"))
                 n = len(newcomer) - 1
                 wait_until(
                     lambda n=n: metric(url, "milliserve_generation_finished_total", reason="refused") == n,
@@ -420,7 +434,11 @@ def test_a_full_queue_gives_a_newcomer_the_place_of_the_floods_latest(tmp_path: 
                 )
             assert [f.result()[0] for f in newcomer] == [200] * 3
             flooded = [f.result() for f in flood]
+            stream_status, stream_body = streamed.result()
             assert first.result()[0] == 200
-    assert sorted(status for status, _ in flooded) == [200] * 5 + [429] * 2, flooded
+    assert sorted(status for status, _ in flooded) == [200] * 5 + [429], flooded
     evicted = [doc["error"]["message"] for status, doc in flooded if status == 429]
     assert all("gave its place to another client's" in m for m in evicted), evicted
+    assert stream_status == 200, stream_body
+    assert b'"code":"rate_limit_exceeded"' in stream_body.replace(b" ", b""), stream_body
+    assert b"gave its place to another client's" in stream_body
