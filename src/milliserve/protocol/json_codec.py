@@ -53,14 +53,18 @@ def decode_json_object(body: bytes | memoryview) -> dict[str, Any]:
 
 
 def _shape_of(name: str, raw: Any) -> tuple[int, ...]:
-    # bool is an int to Python: [true, 64] is no shape
-    if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
-        raise MalformedRequestError(
-            f"input {name!r}: 'shape' must be a list of non-negative integers, got {str(raw)[:80]}"
-        )
-    shape = tuple(raw)
-    check_shape(name, shape)
-    return shape
+    if isinstance(raw, list):
+        for d in raw:
+            # bool is an int to Python: [true, 64] is no shape
+            if type(d) is not int or d < 0:
+                break
+        else:
+            shape = tuple(raw)
+            check_shape(name, shape)
+            return shape
+    raise MalformedRequestError(
+        f"input {name!r}: 'shape' must be a list of non-negative integers, got {str(raw)[:80]}"
+    )
 
 
 def check_elements(name: str, shape: tuple[int, ...], available: int) -> int:
@@ -102,7 +106,7 @@ def _array_from_json(
         dtype = oip_to_numpy(datatype)
         try:
             with np.errstate(over="raise"):
-                out = np.array(data, dtype=dtype).reshape(-1)
+                out = np.array(data, dtype=dtype)
         except (ValueError, TypeError, OverflowError, FloatingPointError, RecursionError):
             return _array_from_json(name, datatype, shape, data, general=True)
     else:

@@ -296,8 +296,10 @@ class HttpProtocol(asyncio.Protocol):
         else:
             cycle.wake()
         if cycle.complete:
-            # answered before the body was read (a 413, say): the connection is idle now
-            self._set_idle()
+            # answered already (at once, or a 413 before the body was read): the connection is
+            # idle now, unless its answer made it so (on_response_complete)
+            if self._phase != _IDLE:
+                self._set_idle()
         else:
             self._phase = _BUSY
             self._deadline = math.inf
