@@ -523,9 +523,54 @@ def main() -> None:
         "to choose the HTTP stack by measurement; the baseline is FastAPI with pydantic models.",
         "",
     ]
+    floor_p50, floor_rps = med(FLOOR, 1, "p50_us"), med(FLOOR, 8, "rps")
+    headline = [  # the README's results table
+        {
+            "measure": "fraud_mlp over HTTP JSON, p50 at 1 connection (lower is better)",
+            "milliserve": f"{med('milliserve (JSON)', 1, 'p50_us'):.0f} µs",
+            "against": f"the bare floor (uvloop + httptools + ORT in one callback), {floor_p50:.0f} µs",
+            "ratio": f"{floor_rows[0][1]:.2f}×",
+        },
+        {
+            "measure": "fraud_mlp over HTTP JSON, requests/s at 8 connections (higher is better)",
+            "milliserve": f"{med('milliserve (JSON)', 8, 'rps'):.0f}",
+            "against": f"the bare floor, {floor_rps:.0f}",
+            "ratio": f"{floor_rows[0][2]:.2f}×",
+        },
+        {
+            "measure": "fraud_mlp over gRPC (perf_analyzer), p50 at 1 connection (lower is better)",
+            "milliserve": f"{pa_med('gRPC', 1, 1) * 1000:.0f} µs",
+            "against": "grpcio's sync server with a generic handler, "
+            f"{pa_med(FLOOR_PA_GRPC, 1, 1) * 1000:.0f} µs",
+            "ratio": f"{floor_rows[3][1]:.2f}×",
+        },
+    ]
     out = args.out or (None if args.quick else ROOT / "docs" / "benchmarks.md")
     if out is not None:
-        write_section("server-overhead", "\n".join(lines), out)
+        write_section(
+            "server-overhead",
+            "\n".join(lines),
+            out,
+            results={
+                "settings": {"run": vars(args), "levels": list(levels)},
+                "rounds": args.rounds,
+                # target -> connections -> each round's wrk figures; perf_analyzer's likewise
+                "values": {
+                    "wrk": {
+                        name: {c: [vars(w) for w in ws] for c, ws in by.items()}
+                        for name, by in results.items()
+                    },
+                    "perf_analyzer": pa_results,
+                    "raw_onnxruntime": raw,
+                    "handoff": handoff,
+                },
+                "summary": {
+                    "vs_floor": {road: {"p50": p, "rps_c8": r} for road, p, r in floor_rows},
+                    "tracing_p99": trace_p99,
+                },
+                "headline": headline,
+            },
+        )
     print("\n".join(lines))
 
 
