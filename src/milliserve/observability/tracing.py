@@ -85,6 +85,7 @@ _CURRENT: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
 # second, every request sampled made the median 40x; benchmarks/server_overhead.py)
 DEFAULT_SAMPLE_RATIO = 0.01
 _PROPAGATED = frozenset(("traceparent", "tracestate"))
+_PROPAGATED_BYTES = frozenset(name.encode() for name in _PROPAGATED)
 
 _GRPC_ERRORS = {"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"}
 _GRPC_CODES = {
@@ -244,7 +245,11 @@ class Tracing:
         # the provider holds the sampler and the batch processor, whose thread encodes and
         # sends the spans. The sampler: OTEL_TRACES_SAMPLER when set; else a caller's
         # decision (traceparent), and ``sample_ratio`` of the requests that bring none
-        self.provider = TracerProvider(resource=resource, sampler=_sampler(sample_ratio))
+        sampler, root = _sampler(sample_ratio)
+        self.provider = TracerProvider(resource=resource, sampler=sampler)
+        # the default sampler's bound on a trace id without a parent (``decide``); None: another
+        # sampler (OTEL_TRACES_SAMPLER), asked every time
+        self._root_bound: int | None = root.bound if root is not None else None
         self.processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s))
         self.provider.add_span_processor(self.processor)
         self._resource = resource
@@ -270,12 +275,23 @@ class Tracing:
         of its work, so that a request that is not pays nothing for tracing): its trace and
         parent when it is, None when not. ``carrier``: its ``traceparent`` and
         ``tracestate``, if it sent them."""
-        from opentelemetry.trace import SpanKind
-
+        if not carrier and self._root_bound is not None:
+            # a request that brings no parent, under the default sampler: its trace id decides
+            # (TraceIdRatioBased's rule), and most are dropped before any of the SDK's objects
+            trace_id = self._ids.generate_trace_id()
+            if trace_id & _TRACE_ID_LIMIT >= self._root_bound:
+                return None
+            return self._sample(None, None, trace_id, name, kind)
         context = self._propagator.extract(carrier) if carrier else None
         parent = self._api.get_current_span(context).get_span_context() if context is not None else None
         parent_ctx = parent if parent is not None and parent.is_valid else None
         trace_id = parent_ctx.trace_id if parent_ctx is not None else self._ids.generate_trace_id()
+        return self._sample(context, parent_ctx, trace_id, name, kind)
+
+    def _sample(self, context: Any, parent_ctx: Any, trace_id: int, name: str, kind: str) -> Sampled | None:
+        """The sampler's decision for a request of trace ``trace_id`` (and parent, if any)."""
+        from opentelemetry.trace import SpanKind
+
         sampled = self.provider.sampler.should_sample(context, trace_id, name, SpanKind[kind])
         if not sampled.decision.is_sampled():  # type: ignore[no-untyped-call]
             return None
@@ -417,14 +433,19 @@ def _carrier(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return {k.lower(): v for k, v in pairs if k.lower() in _PROPAGATED}
 
 
-def _sampler(ratio: float) -> Any:
+_TRACE_ID_LIMIT = (1 << 64) - 1  # TraceIdRatioBased compares the trace id's low 64 bits
+
+
+def _sampler(ratio: float) -> tuple[Any, Any]:
     """OTEL_TRACES_SAMPLER's sampler when it is set (None: the SDK reads it), else the
-    caller's decision, and ``ratio`` of the requests that bring none."""
+    caller's decision, and ``ratio`` of the requests that bring none; and that ratio's own
+    sampler (None with OTEL_TRACES_SAMPLER)."""
     if os.environ.get("OTEL_TRACES_SAMPLER"):
-        return None
+        return None, None
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    return ParentBased(TraceIdRatioBased(ratio))
+    root = TraceIdRatioBased(ratio)
+    return ParentBased(root), root
 
 
 def _metadata(ctx: Any) -> Iterable[tuple[str, str]]:
@@ -467,7 +488,10 @@ class TracedHttp:
         method, path = scope.get("method", ""), scope.get("path", "")
         route = _route(path)
         name = f"{method} {route}" if route else method
-        carrier = _carrier((k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ()))
+        # the header names are lowercase bytes already: only the propagated ones are decoded
+        carrier = {
+            k.decode(): v.decode("latin-1") for k, v in scope.get("headers", ()) if k in _PROPAGATED_BYTES
+        }
         return self.tracing.decide(name, "SERVER", carrier)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:

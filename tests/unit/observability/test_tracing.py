@@ -80,3 +80,33 @@ def test_traced_road_records_what_the_plain_road_times() -> None:
     assert names == ["parse", "queue", "infer"]
     queue, infer = traced.request.trace.spans[1], traced.request.trace.spans[2]
     assert queue[2] <= infer[1] + 1e-9 and infer[2] - infer[1] == pytest.approx(0.002, abs=1e-6)
+
+
+def test_the_samplers_shortcut_decides_as_the_sampler_does() -> None:
+    """A request without a parent is decided by its trace id alone, before any of the SDK's
+    objects (``Tracing.decide``): the same decision as ParentBased(TraceIdRatioBased) takes,
+    on the same trace ids; a parent's decision is still the SDK's."""
+    import random
+
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.trace import SpanKind
+
+    from milliserve.observability.tracing import Tracing
+
+    tracing = Tracing("http://127.0.0.1:9/v1/traces", sample_ratio=0.25)
+    try:
+        rng = random.Random(7)
+        ids = [rng.getrandbits(128) for _ in range(4000)]
+        feed = iter(ids)
+        tracing._ids.generate_trace_id = lambda: next(feed)  # type: ignore[method-assign]
+        reference = ParentBased(TraceIdRatioBased(0.25))
+        ours = [tracing.decide("POST /v2/models/{model_name}/infer", "SERVER", {}) for _ in ids]
+        theirs = [reference.should_sample(None, t, "x", SpanKind.SERVER).decision.is_sampled() for t in ids]
+        assert [d is not None for d in ours] == theirs
+        assert 800 < sum(theirs) < 1200
+        assert all(d.trace_id == t for d, t in zip(ours, ids, strict=True) if d is not None)
+        parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # sampled by its caller
+        followed = tracing.decide("x", "SERVER", {"traceparent": parent})
+        assert followed is not None and followed.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    finally:
+        tracing.shutdown()
