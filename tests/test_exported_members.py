@@ -25,9 +25,9 @@ def test_importing_the_package_imports_neither_the_server_nor_onnxruntime() -> N
     # lazy (PEP 562): `import milliserve` is cheap until a name that needs the server is used
     code = (
         "import sys, milliserve\n"
-        "heavy = [m for m in ('milliserve.server.app', 'onnxruntime', 'numpy') if m in sys.modules]\n"
+        "heavy = [m for m in ('milliserve.server.assembly', 'onnxruntime', 'numpy') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
         "milliserve.Server\n"
-        "assert 'milliserve.server.app' in sys.modules\n"
+        "assert 'milliserve.server.assembly' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -110,7 +110,7 @@ KNOWN_MODULE_CYCLES: set[frozenset[str]] = set()
 
 def test_no_import_cycles_between_modules() -> None:
     # within a package too: examples.sentiment <-> examples.sentiment_pipeline and
-    # server.app <-> server.workers were such circles (issue 26)
+    # server.assembly <-> server.workers were such circles (issue 26)
     graph = module_graph()
     while cycle := find_cycle(graph):
         if frozenset(cycle) not in KNOWN_MODULE_CYCLES:

@@ -35,7 +35,7 @@ if _typing.TYPE_CHECKING:
     )
     from milliserve.examples.build import build_examples
     from milliserve.protocol.types import InferRequest, InferResponse, InferTensor, RequestedOutput
-    from milliserve.server.app import Server, serve
+    from milliserve.server.assembly import Server, serve
 
 __all__ = [
     "BackendError",
@@ -93,8 +93,8 @@ _WHERE = {
     **dict.fromkeys(
         ("InferRequest", "InferResponse", "InferTensor", "RequestedOutput"), "milliserve.protocol.types"
     ),
-    "Server": "milliserve.server.app",
-    "serve": "milliserve.server.app",
+    "Server": "milliserve.server.assembly",
+    "serve": "milliserve.server.assembly",
 }
 
 

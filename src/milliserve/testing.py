@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from milliserve.config.settings import GrpcSettings, HttpSettings, MetricsSettings, Settings
-from milliserve.server.app import Server
+from milliserve.server.assembly import Server
 
 __all__ = [
     "InProcessServer",

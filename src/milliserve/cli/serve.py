@@ -88,7 +88,7 @@ def serve_settings(args: argparse.Namespace) -> Any:
 
 def _serve(args: argparse.Namespace) -> int:
     from milliserve.observability.logs import configure_logging
-    from milliserve.server.app import serve
+    from milliserve.server.assembly import serve
 
     settings = serve_settings(args)
     configure_logging(settings.log_level)

@@ -15,9 +15,9 @@ import yaml
 from google.protobuf import json_format, text_format
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from milliserve.config.base import Strict as _Strict
 from milliserve.config.sequence_batching import SequenceBatching
 from milliserve.config.step_config import Ensembling, Features, TokenizerConfig
+from milliserve.config.strict import Strict as _Strict
 from milliserve.errors import ConfigError
 from milliserve.protocol.datatypes import config_type_to_oip
 from milliserve.protocol.proto import oip_pb2

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from milliserve.config.base import Strict
+from milliserve.config.strict import Strict
 from milliserve.protocol.datatypes import BYTES, config_type_to_oip, oip_to_config_type
 from milliserve.protocol.types import TensorSpec
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from milliserve.config.base import Strict
+from milliserve.config.strict import Strict
 
 __all__ = [
     "STEP_KINDS",

@@ -42,7 +42,7 @@ class ReplicaApp:
 
     def __init__(self, repository: str, overrides: dict[str, Any] | None = None) -> None:
         from milliserve.config.settings import Settings
-        from milliserve.server.app import Server
+        from milliserve.server.assembly import Server
 
         settings = Settings(
             model_repository=Path(repository),

@@ -2,7 +2,7 @@
 
 The OpenAI routes, Triton's generate extension and the data plane depend on this
 protocol, not on the engine behind it (as vLLM's front ends depend on its
-``EngineClient``). ``GenerativeServable`` (llm/servable.py) implements it over the
+``EngineClient``). ``GenerativeServable`` (llm/generative_servable.py) implements it over the
 continuous-batching engine; another engine (a llama.cpp server process, a remote one)
 would implement the same five members. gRPC's decoupled streaming goes through the
 servable protocol's ``stream``, as every model's does.

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from milliserve.errors import MilliserveError
-from milliserve.repository.registry import ModelRegistry
+from milliserve.repository.model_registry import ModelRegistry
 from milliserve.road import Offload
 
 __all__ = ["RepositoryPoller", "fingerprint"]

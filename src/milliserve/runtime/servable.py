@@ -49,7 +49,7 @@ class Servable(Protocol):
 
 
 class ServableRegistry(Protocol):
-    """Where the data plane finds servables (``repository.registry.ModelRegistry``)."""
+    """Where the data plane finds servables (``repository.model_registry.ModelRegistry``)."""
 
     def get(self, name: str, version: str = "") -> Servable: ...
 

@@ -2,8 +2,8 @@
 
 The parent (server/workers.py) starts it with its settings and its slot (the inherited
 descriptors and ports) as JSON on stdin; it runs a ``Server`` on them until SIGTERM.
-Apart from the parent's module because the parent is started by server/app.py and this
-side builds server/app.py's ``Server``: one module holding both made the two import each
+Apart from the parent's module because the parent is started by server/assembly.py and this
+side builds server/assembly.py's ``Server``: one module holding both made the two import each
 other.
 """
 
@@ -16,7 +16,7 @@ import sys
 from milliserve.config.settings import Settings
 from milliserve.errors import ConfigError
 from milliserve.observability.logs import configure_logging
-from milliserve.server.app import Server
+from milliserve.server.assembly import Server
 from milliserve.server.listeners import WorkerSlot
 
 __all__ = ["worker_main"]

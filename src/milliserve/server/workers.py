@@ -17,7 +17,7 @@ processes on one machine. The parent:
 
 Each worker is ``python -m milliserve.server.worker_process``, reading its settings and its
 slot (the inherited descriptors) as JSON on stdin, so no secret goes through the environment.
-The worker's side lives in that module: it builds a ``Server`` (server/app.py), which imports
+The worker's side lives in that module: it builds a ``Server`` (server/assembly.py), which imports
 this one for ``serve --workers``, so the two sides apart keep the imports one way.
 """
 

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from milliserve.server.app import Server
+from milliserve.server.assembly import Server
 from milliserve.testing import InProcessServer
 
 BATCHING = """

@@ -18,7 +18,7 @@ from milliserve.config.settings import Settings
 from milliserve.examples.fraud_mlp import FEATURES, build_fraud_mlp
 from milliserve.protocol.json_codec import decode_infer_request
 from milliserve.protocol.types import InferRequest, InferResponse
-from milliserve.server.app import Server
+from milliserve.server.assembly import Server
 from tests.support.transport import Transport
 
 PATH = b"/v2/models/fraud_mlp/infer"

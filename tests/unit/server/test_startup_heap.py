@@ -19,7 +19,7 @@ CHILD = """
 import asyncio, gc, os, signal, sys
 from pathlib import Path
 from milliserve.config.settings import GrpcSettings, HttpSettings, MetricsSettings, Settings
-from milliserve.server.app import Server
+from milliserve.server.assembly import Server
 
 settings = Settings(
     model_repository=Path(sys.argv[1]),

@@ -20,7 +20,7 @@ from milliserve.backends.registry import generative_backend_for
 from milliserve.cache.response_cache import CacheFactory
 from milliserve.config.model_config import ModelConfig, config_path
 from milliserve.errors import BackendError, ConfigError, ModelNotReadyError, NotFoundError, shown
-from milliserve.llm.servable import GenerativeServable
+from milliserve.llm.generative_servable import GenerativeServable
 from milliserve.pipeline.ensemble import PipelineRuntime
 from milliserve.repository.on_demand import OnDemand, resident_bytes
 from milliserve.repository.overrides import LoadOverride, parse_override

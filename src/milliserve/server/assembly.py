@@ -24,8 +24,8 @@ from milliserve.errors import ConfigError
 from milliserve.observability.grpc_metrics import GrpcListenerCollector
 from milliserve.observability.metrics import Metrics
 from milliserve.observability.tracing import TracedDataPlane, TracedHttp, Tracing
+from milliserve.repository.model_registry import ModelRegistry
 from milliserve.repository.poll import RepositoryPoller
-from milliserve.repository.registry import ModelRegistry
 from milliserve.repository.repository import Repository
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.runtime.executor import Executor
