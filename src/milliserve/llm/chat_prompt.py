@@ -13,7 +13,7 @@ import secrets
 from typing import Any
 
 from milliserve.errors import RequestError
-from milliserve.llm.protocol import ChatMessage, GenerationParams
+from milliserve.llm.generation_params import ChatMessage, GenerationParams
 from milliserve.llm.template_tools import native_calls, template_message, template_tools, tool_messages
 from milliserve.llm.tools import call_schema
 

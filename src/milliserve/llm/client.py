@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
 from milliserve.config.model_config import ModelConfig
-from milliserve.llm.protocol import GenerationParams
+from milliserve.llm.generation_params import GenerationParams
 from milliserve.llm.sequence import Event
 
 __all__ = ["EngineClient", "GenerationEvents"]

@@ -35,9 +35,9 @@ from milliserve.errors import (
 )
 from milliserve.llm.chat_prompt import ChatPrompt
 from milliserve.llm.engine import Engine
-from milliserve.llm.fields import LOWEST_PRIORITY
+from milliserve.llm.generate_extension import parse_generate
+from milliserve.llm.generation_params import LOWEST_PRIORITY, GenerationParams
 from milliserve.llm.outbox import outbox_of
-from milliserve.llm.protocol import GenerationParams, parse_generate
 from milliserve.llm.sequence import Event, GenRequest
 from milliserve.protocol.datatypes import BYTES
 from milliserve.protocol.types import InferRequest, InferResponse, InferTensor

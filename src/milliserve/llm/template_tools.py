@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from milliserve.llm.protocol import ChatMessage
+from milliserve.llm.generation_params import ChatMessage
 from milliserve.llm.tools import Tool, ToolCall, ToolPlan, tools_prompt
 
 __all__ = ["native_calls", "template_message", "template_tools", "tool_messages"]

@@ -17,8 +17,8 @@ import pytest
 from milliserve.backends.llama_cpp import LlamaModel
 from milliserve.config.model_config import load_model_config
 from milliserve.llm.client import EngineClient
+from milliserve.llm.generate_extension import parse_generate
 from milliserve.llm.generative_servable import GenerativeServable
-from milliserve.llm.protocol import parse_generate
 from milliserve.runtime.executor import Executor
 
 

@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 from milliserve.errors import RequestError
-from milliserve.llm.protocol import openai_error, parse_generate, parse_openai, server_timing
+from milliserve.llm.generate_extension import parse_generate
 from milliserve.llm.sequence import held_back
+from milliserve.openai.completions import parse_openai, server_timing
+from milliserve.openai.error_body import openai_error
 
 
 def test_chat_request_is_parsed() -> None:

@@ -13,7 +13,6 @@ import pytest
 
 from milliserve.errors import RequestError
 from milliserve.llm.chat_prompt import ChatPrompt
-from milliserve.llm.protocol import parse_openai
 from milliserve.llm.sequence import Event
 from milliserve.llm.tool_calls import (
     CallArguments,
@@ -25,6 +24,7 @@ from milliserve.llm.tool_calls import (
     message_of,
     stream_delta,
 )
+from milliserve.openai.completions import parse_openai
 
 # Qwen2.5-Instruct's template, as llama.cpp keeps it (models/templates/)
 QWEN25 = (Path(__file__).parent / "templates" / "qwen2.5-instruct.jinja").read_text()

@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 
 from milliserve.errors import RequestError
-from milliserve.llm.protocol import parse_openai
 from milliserve.llm.tools import call_schema, parse_tools
+from milliserve.openai.completions import parse_openai
 
 WEATHER = {
     "type": "function",

@@ -36,7 +36,7 @@ from milliserve.server.auth import Auth
 from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE, JSON_HEADER, Receive, Scope, Send
 from milliserve.server.http.classify import ClassifyRoute
 from milliserve.server.http.edge_files import EdgeFiles
-from milliserve.server.http.embeddings import EmbeddingsRoute
+from milliserve.server.http.embeddings_route import EmbeddingsRoute
 from milliserve.server.http.generate import GenerateRoutes
 from milliserve.server.http.json_route import JsonRoute
 from milliserve.server.http.rerank import RerankRoute

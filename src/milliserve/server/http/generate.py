@@ -31,23 +31,23 @@ from milliserve.errors import (
     RequestError,
 )
 from milliserve.llm.client import EngineClient, GenerationEvents
-from milliserve.llm.protocol import (
-    GenerationParams,
+from milliserve.llm.generate_extension import parse_generate
+from milliserve.llm.generation_params import GenerationParams
+from milliserve.llm.sequence import Event
+from milliserve.llm.tool_calls import CallParser, Piece, answer_pieces, call_parser, message_of, stream_delta
+from milliserve.observability.tracing import note_generation
+from milliserve.openai.completions import (
     chat_chunk,
     chat_response,
     completion_chunk,
     completion_response,
     new_id,
-    openai_error,
-    parse_generate,
     parse_openai,
     server_timing,
 )
-from milliserve.llm.response_events import ResponseEvents, response_echo
-from milliserve.llm.responses import parse_responses
-from milliserve.llm.sequence import Event
-from milliserve.llm.tool_calls import CallParser, Piece, answer_pieces, call_parser, message_of, stream_delta
-from milliserve.observability.tracing import note_generation
+from milliserve.openai.error_body import openai_error
+from milliserve.openai.response_events import ResponseEvents, response_echo
+from milliserve.openai.responses import parse_responses
 from milliserve.protocol.json_codec import decode_json_object, encode_json
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.http.asgi import JSON_HEADER, Receive, Send
@@ -350,7 +350,7 @@ class GenerateRoutes:
         return pieces, last
 
     async def _responses(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        """OpenAI's Responses API, stateless (llm/responses.py): the chat it amounts to,
+        """OpenAI's Responses API, stateless (openai/responses.py): the chat it amounts to,
         answered as a ``response`` object or its typed events."""
         doc = await self._body(scope, receive)
         params = parse_responses(doc)

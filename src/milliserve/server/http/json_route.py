@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from milliserve.errors import InvalidInputError, MalformedRequestError, MilliserveError, NotFoundError
-from milliserve.llm.protocol import openai_error
 from milliserve.observability.timing import server_timing
+from milliserve.openai.error_body import openai_error
 from milliserve.protocol.json_codec import decode_json_object, encode_json
 from milliserve.protocol.types import InferResponse
 from milliserve.server.http.asgi import JSON_HEADER, Receive, Send

@@ -1,44 +1,31 @@
-"""OpenAI's ``POST /v1/embeddings``: the request translated for the data plane's embedder
-(``runtime/embedding.py``), the vectors written back as OpenAI's list of embeddings, floats
-or base64 (little-endian float32, what the ``openai`` SDK asks for by default).
+"""OpenAI's ``POST /v1/embeddings`` body and answer, transport-free.
 
 ``input`` is a string, a list of strings, a list of token ids or a list of such lists (at
-most 2048 inputs, OpenAI's limit); ``encoding_format`` ``float`` (default) or ``base64``;
-``dimensions`` a smaller size where the model allows it; ``embedding_type`` ``float``
-(default), ``int8``, ``uint8``, ``binary`` or ``ubinary`` (infinity's types, quantized as
+most 2048 inputs, OpenAI's limit); ``encoding_format`` ``float`` (default) or ``base64``
+(little-endian float32, what the ``openai`` SDK asks for by default); ``dimensions`` a
+smaller size where the model allows it; ``embedding_type`` ``float`` (default), ``int8``,
+``uint8``, ``binary`` or ``ubinary`` (infinity's types, quantized as
 ``runtime/embedding_types.py`` says: integers in JSON, the raw bytes in base64); ``user`` is
-accepted and has no effect. Any other field is refused with a 400 that names it, as OpenAI does. Errors are
-OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
+accepted and has no effect. Any other field is refused with ``InvalidInputError`` (a 400)
+that names it, as OpenAI does.
 """
 
 from __future__ import annotations
 
 import base64
-import logging
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from milliserve.errors import InvalidInputError, MalformedRequestError, MilliserveError, NotFoundError
-from milliserve.llm.protocol import openai_error
-from milliserve.observability.timing import server_timing
-from milliserve.protocol.json_codec import decode_json_object, encode_json
-from milliserve.runtime.dataplane import DataPlane
-from milliserve.runtime.embedding_types import EMBEDDING_TYPES, quantize
-from milliserve.server.http.asgi import JSON_HEADER, Receive, Send
-from milliserve.status import status_of
+from milliserve.errors import InvalidInputError
+from milliserve.protocol.json_codec import encode_json
+from milliserve.runtime.embedding_types import EMBEDDING_TYPES
 
-__all__ = ["MAX_INPUTS", "EmbeddingsRequest", "EmbeddingsRoute", "embeddings_response", "parse_embeddings"]
-
-log = logging.getLogger(__name__)
+__all__ = ["MAX_INPUTS", "EmbeddingsRequest", "embeddings_response", "parse_embeddings"]
 
 MAX_INPUTS = 2048
 _FIELDS = ("model", "input", "encoding_format", "dimensions", "embedding_type", "user")
-
-ReadBody = Callable[[Any, Receive], Awaitable[bytes]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,69 +122,3 @@ def embeddings_response(model: str, vectors: np.ndarray[Any, Any], tokens: int, 
     data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(items)]
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     return encode_json({"object": "list", "data": data, "model": model, "usage": usage})
-
-
-class EmbeddingsRoute:
-    """``POST /v1/embeddings`` for one HttpApp; errors go to its caller (OpenAI's format)."""
-
-    def __init__(self, dataplane: DataPlane, read_body: ReadBody) -> None:
-        self.dp = dataplane
-        self._read_body = read_body
-
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        try:
-            await self._embed(scope, receive, send)
-        except MilliserveError as exc:
-            status = status_of(exc).http
-            param = (
-                exc.args[1] if len(exc.args) > 1 else "input" if isinstance(exc, InvalidInputError) else None
-            )
-            await self._error(send, status, exc.message, param)
-        except Exception:
-            log.exception("unhandled error on POST /v1/embeddings")
-            await self._error(send, 500, "internal server error (logged)", None)
-
-    async def _error(self, send: Send, status: int, message: str, param: str | None) -> None:
-        body = encode_json(openai_error(status, message, param))
-        headers = [JSON_HEADER, (b"content-length", str(len(body)).encode())]
-        if status == 401:
-            headers.append((b"www-authenticate", b'Bearer realm="milliserve"'))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    async def _embed(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["method"] != "POST":
-            raise NotFoundError(f"no route for {scope['method']} /v1/embeddings; POST it")
-        body = await self._read_body(scope, receive)
-        t0 = time.perf_counter()
-        if not body.strip():
-            raise MalformedRequestError("the request body is empty; send a JSON object")
-        request = parse_embeddings(decode_json_object(body))
-        embedder = self.dp.embedder(request.model)
-        t1 = time.perf_counter()
-        kind, scale = request.embedding_type, embedder.spec.int8_scale
-        if kind in ("int8", "uint8") and scale is None:
-            raise _bad(
-                f"model {request.model!r} has no int8 scale for embedding_type {kind!r}: its vectors are "
-                "not normalised and its config sets no pooling.int8_scale",
-                "embedding_type",
-            )
-        result = await embedder.embed(request.inputs, request.dimensions)
-        t2 = time.perf_counter()
-        vectors = quantize(result.vectors, kind, scale or 1.0)
-        out = embeddings_response(request.model, vectors, result.tokens, request.base64)
-        t3 = time.perf_counter()
-        stages: dict[str, float] = {"parse": t1 - t0}
-        for r in result.responses:
-            for k, v in r.timings.items():
-                stages[k] = stages.get(k, 0.0) + v
-            if r.record_stages is not None:
-                r.record_stages(r.timings)
-        stages["serialize"] = t3 - t2
-        headers = [
-            JSON_HEADER,
-            (b"content-length", str(len(out)).encode()),
-            (b"server-timing", server_timing(stages, t3 - t0).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": out})

@@ -1,4 +1,4 @@
-"""OpenAI's embeddings request and answer (server/http/embeddings.py), without a server."""
+"""OpenAI's embeddings request and answer (openai/embeddings.py), without a server."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from milliserve.errors import InvalidInputError
-from milliserve.server.http.embeddings import MAX_INPUTS, embeddings_response, parse_embeddings
+from milliserve.openai.embeddings import MAX_INPUTS, embeddings_response, parse_embeddings
 
 
 def test_every_input_form() -> None:

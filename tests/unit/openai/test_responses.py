@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from milliserve.errors import RequestError
-from milliserve.llm.response_events import ResponseEvents, response_echo
-from milliserve.llm.responses import parse_responses
 from milliserve.llm.tool_calls import CallArguments, CallStart
+from milliserve.openai.response_events import ResponseEvents, response_echo
+from milliserve.openai.responses import parse_responses
 
 WEATHER = {
     "type": "function",

@@ -9,7 +9,7 @@ which the SDK's ``response.output`` makes easy to append. ``input`` as text or i
 ``instructions`` (a system message), ``max_output_tokens``, ``temperature``, ``top_p``,
 ``text.format`` (``json_schema``, ``json_object``) and function ``tools`` with
 ``tool_choice`` and ``parallel_tool_calls`` are honoured; other fields are accepted only
-with the value that means "off", as on the chat routes (``llm.fields``).
+with the value that means "off", as on the chat routes (``openai.fields``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import json
 from typing import Any
 
 from milliserve.errors import RequestError
-from milliserve.llm.protocol import GenerationParams, parse_openai
+from milliserve.llm.generation_params import GenerationParams
+from milliserve.openai.completions import parse_openai
 
 __all__ = ["parse_responses"]
 
