@@ -207,6 +207,15 @@ class LlamaModel:
             return ""
         return self.piece(token, special=True).decode(errors="replace")
 
+    def control_texts(self) -> list[str]:
+        """The texts that become a token only where special tokens are parsed (llama.cpp's
+        control and unknown tokens; user-defined ones are parsed either way)."""
+        C = self._C
+        mask = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_UNKNOWN
+        attr, vocab = C.llama_vocab_get_attr, self.vocab
+        texts = (self.token_text(t) for t in range(self.n_vocab) if attr(vocab, t) & mask)
+        return [t for t in texts if t]
+
     def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
         C = self._C
         raw = text.encode()

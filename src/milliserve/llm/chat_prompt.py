@@ -1,25 +1,23 @@
-"""A request's prompt as tokens: its chat rendered by the model's template (ChatML where
-the model has none, or it does not compile), tokenized so that only the template's own
-text can become control tokens; its size checked before it is tokenized. A chat with
-tools is rendered with them in the template's own format where it has one
-(``llm.template_tools``), else with them described in the system message."""
+"""A request's prompt as tokens: its chat rendered by the model's template (where the GGUF
+has none, ChatML, which llama.cpp falls back to; one that does not compile or render is an
+error at load), tokenized so that only the template's own text can become control tokens;
+its size checked before it is tokenized. A chat with tools is rendered with them in the
+template's own format where it has one (``llm.template_tools``), else with them described
+in the system message."""
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import secrets
 from typing import Any
 
-from milliserve.errors import RequestError
+from milliserve.errors import ConfigError, RequestError
 from milliserve.llm.generation_params import ChatMessage, GenerationParams
 from milliserve.llm.template_tools import native_calls, template_message, template_tools, tool_messages
 from milliserve.llm.tools import call_schema
 
 __all__ = ["MAX_PROMPT_BYTES", "ChatPrompt", "check_size", "compile_template"]
-
-log = logging.getLogger(__name__)
 
 # a prompt's text beyond this is refused before it is tokenized
 MAX_PROMPT_BYTES = 1 << 20
@@ -35,9 +33,9 @@ def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
-def compile_template(source: str | None) -> Any:
+def compile_template(source: str | None, model: str = "the GGUF") -> Any:
     """The model's chat template compiled in jinja2's sandbox; None (ChatML) where it has
-    none or it does not compile."""
+    none. ConfigError naming ``model`` where it does not compile."""
     if not source:
         return None
     from jinja2.exceptions import TemplateError
@@ -54,16 +52,38 @@ def compile_template(source: str | None) -> Any:
     try:
         return env.from_string(source)
     except TemplateError as exc:
-        log.warning("the model's chat template does not compile (%s); using ChatML", exc)
-        return None
+        line = getattr(exc, "lineno", None)
+        where = f" (line {line})" if line else ""
+        raise ConfigError(
+            f"{model}: its chat template (tokenizer.chat_template) does not compile{where}: {exc}"
+        ) from None
 
 
 class ChatPrompt:
     """Prompts for one model (``model``: its tokenizer, special-token texts and template)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, name: str | None = None) -> None:
         self.model = model
-        self.template = compile_template(model.chat_template)
+        # errors at load name it (``name``: "model 'smollm2'"; by default the GGUF's own name)
+        name = name or f"GGUF {getattr(model, 'description', 'unnamed')!r}"
+        self.template = compile_template(model.chat_template, name)
+        if self.template is not None:
+            try:  # a template that cannot render one user's message cannot serve
+                self._probe(messages=[{"role": "user", "content": "Hello"}])
+            except Exception as exc:
+                raise ConfigError(
+                    f"{name}: its chat template (tokenizer.chat_template) cannot render a chat of "
+                    f"one user message: {exc}"
+                ) from None
+        # a content holding one of these texts is tokenized apart from the template's text
+        # (a model without the list: by tokenizing it both ways)
+        texts = model.control_texts() if hasattr(model, "control_texts") else None
+        self._controls = (
+            re.compile("|".join(re.escape(t) for t in sorted(set(texts), key=len, reverse=True)))
+            if texts
+            else None
+        )
+        self._by_tokens = texts is None
         # the template shows tools and calls in its own format, one this server parses
         self.native_tools = self.template is not None and native_calls(model.chat_template, self._probe)
 
@@ -142,13 +162,24 @@ class ChatPrompt:
     def _chat_tokens(self, params: GenerationParams) -> list[int]:
         """The chat's tokens, where only the template's text can become control tokens: a
         user who writes ``<|im_end|>`` gets those characters tokenized as text, never the
-        token that ends a turn. The template is rendered with a marker in place of each
-        message's content; its own text is tokenized with special tokens parsed, the
-        contents without."""
+        token that ends a turn. Where no content holds a control token's text, the rendering
+        is tokenized whole, as llama-server tokenizes it (a content's first and last tokens
+        can merge with the template's text around it: ``"user\n"`` then ``"  Hi"`` are
+        other tokens than ``"user\n  Hi"``). Where one does, the template is rendered with a
+        marker in place of each message's content; its own text is tokenized with special
+        tokens parsed, the contents without (a template that changes the contents, trims
+        them say, is then refused)."""
         model = self.model
         msgs = self.messages(params)
         if self.native_tools and (params.tools is not None or params.tool_history):
             self._refuse_tool_control_text(params, msgs)
+        check_size("", sum(len(m.content) for m in msgs))
+        controls = self._control_texts(msgs)
+        if not controls:
+            whole = self.render(params, None, msgs)
+            check_size(whole)
+            special = model.add_bos and not (model.bos_text and whole.startswith(model.bos_text))
+            return list(model.tokenize(whole, add_special=special, parse_special=True))
         nonce = secrets.token_hex(8)
         # an empty content stays empty: a template may test it (Qwen's ``if message.content``
         # on an assistant's message that only calls tools)
@@ -157,14 +188,14 @@ class ChatPrompt:
         check_size(marked, sum(len(m.content) for m in msgs))
         special = model.add_bos and not (model.bos_text and marked.startswith(model.bos_text))
         pieces = re.split(f"\x00{nonce}:(\\d+)\x00", marked)
-        whole = self.render(params, None, msgs) if self.template is not None else None
-        if whole is not None and whole != "".join(
-            msgs[int(p)].content if i % 2 else p for i, p in enumerate(pieces)
-        ):
-            # the template changes the contents (trims them, say): tokenize the whole, and
-            # refuse contents that hold control-token text
-            self._refuse_control_text(msgs)
-            return list(model.tokenize(whole, add_special=special, parse_special=True))
+        joined = "".join(msgs[int(p)].content if i % 2 else p for i, p in enumerate(pieces))
+        if self.template is not None and self.render(params, None, msgs) != joined:
+            # the template changes the contents (trims them, say): no marker keeps them apart
+            raise RequestError(
+                f"messages[{controls[0]}]: the content holds the text of a control token, which "
+                "this model's chat template cannot keep apart from its own",
+                "messages",
+            )
         out: list[int] = []
         for i, piece in enumerate(pieces):
             if not piece:
@@ -197,11 +228,16 @@ class ChatPrompt:
                     "tools" if where.startswith("tools") else "messages",
                 )
 
-    def _refuse_control_text(self, msgs: list[Any]) -> None:
-        for i, m in enumerate(msgs):
-            if self.model.tokenize(m.content, False, True) != self.model.tokenize(m.content, False, False):
-                raise RequestError(
-                    f"messages[{i}]: the content holds the text of a control token, which this "
-                    "model's chat template cannot keep apart from its own",
-                    "messages",
-                )
+    def _control_texts(self, msgs: list[ChatMessage]) -> list[int]:
+        """The messages whose content holds a control token's text."""
+        if self._controls is not None:
+            search = self._controls.search
+            return [i for i, m in enumerate(msgs) if search(m.content)]
+        if not self._by_tokens:  # a vocabulary without control tokens
+            return []
+        tokenize = self.model.tokenize
+        return [
+            i
+            for i, m in enumerate(msgs)
+            if tokenize(m.content, False, True) != tokenize(m.content, False, False)
+        ]
