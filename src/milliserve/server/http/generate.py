@@ -4,11 +4,9 @@ extension (``/v2/models/{m}/generate`` and ``/generate_stream``). Streams are
 Server-Sent Events (``data: {...}`` then, for OpenAI's chat and completions,
 ``data: [DONE]``; the Responses API's events are named by ``event:`` lines).
 
-While a stream runs, a watcher reads the connection: a client that disconnects cancels
-its sequence at once (the engine frees it within one decoding step), not when the next
-token fails to send. A client that stays connected and stops reading holds little: a
-stream's socket buffer is small (``stream_buffer_bytes``), and a chunk that cannot be
-written within ``stream_write_timeout_s`` cancels the sequence and closes the connection.
+While an answer runs, a watcher reads the connection: a client that disconnects cancels
+its sequence at once, and one that stops reading a stream holds little
+(``event_stream.py``).
 
 Requests carry their client (the peer's address) to the engine's admission, which takes
 turns between clients (llm/admission.py).
@@ -17,9 +15,7 @@ turns between clients (llm/admission.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -51,6 +47,7 @@ from milliserve.openai.responses import parse_responses
 from milliserve.protocol.json_codec import decode_json_object, encode_json
 from milliserve.runtime.dataplane import DataPlane
 from milliserve.server.http.asgi import JSON_HEADER, Receive, Send
+from milliserve.server.http.event_stream import DONE, ClientGone, EventStreams, sse, typed_event
 from milliserve.status import status_of
 
 __all__ = ["GenerateRoutes"]
@@ -74,12 +71,6 @@ def _model(name: str, capabilities: list[str], created: int) -> dict[str, Any]:
 ReadBody = Callable[[Any, Receive], Awaitable[bytes]]
 
 _JSON = JSON_HEADER
-_SSE = [
-    (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
-_DONE = b"data: [DONE]\n\n"
 
 
 def _client_of(scope: dict[str, Any]) -> str:
@@ -91,37 +82,12 @@ def _client_of(scope: dict[str, Any]) -> str:
     return str(peer[0]) if peer else ""
 
 
-def _transport(send: Send) -> Any:
-    """The connection's transport behind our HTTP server's ``send`` (None on another ASGI server)."""
-    return getattr(getattr(send, "__self__", None), "transport", None)
-
-
-def _sse(doc: dict[str, Any]) -> bytes:
-    return b"data: " + encode_json(doc) + b"\n\n"
-
-
 def _tool_finish(calls: int, finish: str | None) -> str:
     """OpenAI's finish reason of an answer that made ``calls`` calls: "tool_calls" when it
     ended on its own; a cut one keeps its reason (length)."""
     if calls and finish in (None, "stop"):
         return "tool_calls"
     return finish or "stop"
-
-
-def _typed(event: dict[str, Any]) -> bytes:
-    """A Responses API event: SSE with its type as the event name."""
-    kind: str = event["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + encode_json(event) + b"\n\n"
-
-
-class _Gone(Exception):
-    """The client disconnected."""
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Return when the client has disconnected (the body has been read already)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class GenerateRoutes:
@@ -137,13 +103,12 @@ class GenerateRoutes:
         self.dp = dataplane
         self._read_body = read_body
         self.disconnects = 0
-        self.stalled = 0  # streams cancelled because their client stopped reading
-        self.configure_streams(write_timeout_s, buffer_bytes)
+        # the answers' streams: SSE, disconnects watched, writes bounded (event_stream.py)
+        self.streams = EventStreams(write_timeout_s, buffer_bytes)
 
     def configure_streams(self, write_timeout_s: float, buffer_bytes: int) -> None:
         """What a stream whose client does not read may hold (``HttpSettings``)."""
-        self.write_timeout_s = write_timeout_s
-        self.buffer_bytes = buffer_bytes
+        self.streams.configure(write_timeout_s, buffer_bytes)
 
     @staticmethod
     def handles(method: str, parts: list[str]) -> bool:
@@ -167,7 +132,7 @@ class GenerateRoutes:
                 await self._openai(scope, receive, send, parts[1:])
             else:
                 await self._generate(scope, receive, send, parts[2:])
-        except _Gone:
+        except ClientGone:
             self.disconnects += 1
         except MilliserveError as exc:
             await self._error(send, status_of(exc).http, exc.message, exc, openai)
@@ -239,7 +204,7 @@ class GenerateRoutes:
             await self._tool_chat(servable, params, receive, send)
             return
         if not params.stream:
-            text, last = await self._complete(servable, params, receive)
+            text, last = await self.streams.complete(servable.complete(params), receive)
             note_generation(params.model, last.timing, last.usage, last.finish)
             build = chat_response if chat else completion_response
             timing = server_timing(last.timing).encode()
@@ -256,29 +221,29 @@ class GenerateRoutes:
         def chunks() -> Any:
             async def gen() -> Any:
                 if chat:
-                    yield _sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
+                    yield sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
                 async for ev in stream.events():
                     if ev.finish is None:
                         if chat:
-                            yield _sse(chat_chunk(rid, model, created, {"content": ev.text}))
+                            yield sse(chat_chunk(rid, model, created, {"content": ev.text}))
                         else:
-                            yield _sse(completion_chunk(rid, model, created, ev.text))
+                            yield sse(completion_chunk(rid, model, created, ev.text))
                         continue
                     note_generation(model, ev.timing, ev.usage, ev.finish)
                     timing = None if params.include_usage else ev.timing
                     if chat:
                         delta = {"content": ev.text} if ev.text else {}
-                        yield _sse(chat_chunk(rid, model, created, delta, ev.finish, timing=timing))
+                        yield sse(chat_chunk(rid, model, created, delta, ev.finish, timing=timing))
                     else:
-                        yield _sse(completion_chunk(rid, model, created, ev.text, ev.finish, timing=timing))
+                        yield sse(completion_chunk(rid, model, created, ev.text, ev.finish, timing=timing))
                     if params.include_usage:
                         build = chat_chunk if chat else completion_chunk
-                        yield _sse(build(rid, model, created, None, usage=ev.usage, timing=ev.timing))
-                yield _DONE
+                        yield sse(build(rid, model, created, None, usage=ev.usage, timing=ev.timing))
+                yield DONE
 
             return gen()
 
-        await self._stream(servable, stream, receive, send, chunks(), t0)
+        await self.streams.stream(servable, stream, receive, send, chunks(), t0)
 
     async def _tool_chat(
         self, servable: EngineClient, params: GenerationParams, receive: Receive, send: Send
@@ -299,21 +264,21 @@ class GenerateRoutes:
         rid, created = new_id(True), int(time.time())
 
         async def gen() -> Any:
-            yield _sse(chat_chunk(rid, model, created, {"role": "assistant", "content": None}))
+            yield sse(chat_chunk(rid, model, created, {"role": "assistant", "content": None}))
             async for pieces, ev in answer_pieces(stream, parser):
                 for delta in stream_delta(pieces):
-                    yield _sse(chat_chunk(rid, model, created, delta))
+                    yield sse(chat_chunk(rid, model, created, delta))
                 if ev is None:
                     continue
                 note_generation(model, ev.timing, ev.usage, ev.finish)
                 finish = _tool_finish(parser.calls, ev.finish)
                 timing = None if params.include_usage else ev.timing
-                yield _sse(chat_chunk(rid, model, created, {}, finish, timing=timing))
+                yield sse(chat_chunk(rid, model, created, {}, finish, timing=timing))
                 if params.include_usage:
-                    yield _sse(chat_chunk(rid, model, created, None, usage=ev.usage, timing=ev.timing))
-            yield _DONE
+                    yield sse(chat_chunk(rid, model, created, None, usage=ev.usage, timing=ev.timing))
+            yield DONE
 
-        await self._stream(servable, stream, receive, send, gen(), t0)
+        await self.streams.stream(servable, stream, receive, send, gen(), t0)
 
     async def _whole(
         self,
@@ -335,11 +300,11 @@ class GenerateRoutes:
                         return out, last
             finally:
                 stream.cancel()
-            raise _Gone  # the events ended without a last one: cancelled
+            raise ClientGone  # the events ended without a last one: cancelled
 
         try:
-            pieces, last = await self._complete(servable, params, receive, whole())
-        except _Gone:
+            pieces, last = await self.streams.complete(whole(), receive)
+        except ClientGone:
             servable.record(t0, asyncio.CancelledError())
             raise
         except BaseException as exc:
@@ -369,16 +334,16 @@ class GenerateRoutes:
 
         async def gen() -> Any:
             for event in answer.start():
-                yield _typed(event)
+                yield typed_event(event)
             async for pieces, ev in answer_pieces(stream, parser):
                 for event in answer.feed(pieces):
-                    yield _typed(event)
+                    yield typed_event(event)
                 if ev is not None:
                     note_generation(params.model, ev.timing, ev.usage, ev.finish)
                     for event in answer.finish(ev.finish, ev.usage):
-                        yield _typed(event)
+                        yield typed_event(event)
 
-        await self._stream(servable, stream, receive, send, gen(), t0)
+        await self.streams.stream(servable, stream, receive, send, gen(), t0)
 
     # ---- Triton's generate extension ----
     async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, rest: list[str]) -> None:
@@ -391,7 +356,7 @@ class GenerateRoutes:
         streaming = rest[-1] == "generate_stream"
         head = {"model_name": servable.config.name, "model_version": servable.version}
         if not streaming:
-            text, last = await self._complete(servable, params, receive)
+            text, last = await self.streams.complete(servable.complete(params), receive)
             note_generation(servable.config.name, last.timing, last.usage, last.finish)
             doc = {**head, "text_output": text, "finish_reason": last.finish, "usage": last.usage}
             await self._json(send, doc, [(b"server-timing", server_timing(last.timing).encode())])
@@ -409,98 +374,6 @@ class GenerateRoutes:
                     )
                 elif not ev.text:
                     continue
-                yield _sse(doc)
+                yield sse(doc)
 
-        await self._stream(servable, stream, receive, send, gen(), t0)
-
-    async def _complete(
-        self, servable: EngineClient, params: Any, receive: Receive, work: Awaitable[Any] | None = None
-    ) -> Any:
-        """The whole answer (``work``'s result, by default ``servable.complete``'s), cancelled
-        at once if the client disconnects while it waits."""
-        task = asyncio.ensure_future(work if work is not None else servable.complete(params))
-        watcher = asyncio.create_task(_disconnected(receive))
-        try:
-            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-        if not task.done():
-            task.cancel()  # leaves the event iterator: the engine frees the sequence
-            with contextlib.suppress(BaseException):
-                await task
-            raise _Gone
-        return task.result()
-
-    # ---- SSE with disconnect detection ----
-    def _bound(self, send: Send) -> Any:
-        """Make the stream's buffers small (a client that stops reading then blocks the
-        next write instead of soaking up megabytes of text in socket buffers)."""
-        transport = _transport(send)
-        if transport is None:
-            return None
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            transport.set_write_buffer_limits(high=self.buffer_bytes)
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.buffer_bytes)
-        return transport
-
-    async def _stream(
-        self,
-        servable: EngineClient,
-        stream: GenerationEvents,
-        receive: Receive,
-        send: Send,
-        chunks: Any,
-        t0: int,
-    ) -> None:
-        gone = asyncio.Event()
-
-        async def watch() -> None:
-            await _disconnected(receive)
-            gone.set()
-            stream.cancel()  # free the sequence now, not at the next token
-
-        watcher = asyncio.create_task(watch())
-        error: BaseException | None = None
-        transport = self._bound(send)
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": list(_SSE)})
-            async for chunk in chunks:
-                if gone.is_set():
-                    raise _Gone
-                body = {"type": "http.response.body", "body": chunk, "more_body": True}
-                if transport is not None and not transport.get_write_buffer_size():
-                    # nothing is queued, so the write cannot wait for the client: no timer (a
-                    # timer a token was a tenth of the loop's work for a stream)
-                    await send(body)
-                    continue
-                try:
-                    async with asyncio.timeout(self.write_timeout_s):
-                        await send(body)
-                except TimeoutError:  # the client stopped reading: free its slot, drop it
-                    self.stalled += 1
-                    gone.set()
-                    stream.cancel()
-                    if transport is not None:
-                        transport.abort()
-                    raise _Gone from None
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except _Gone as exc:
-            error = asyncio.CancelledError()
-            raise exc from None
-        except MilliserveError as exc:
-            # the status line is out: the error goes in the stream, as OpenAI does
-            error = exc
-            doc = openai_error(status_of(exc).http, exc.message)
-            if not gone.is_set():
-                await send({"type": "http.response.body", "body": _sse(doc), "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            watcher.cancel()
-            stream.cancel()
-            await chunks.aclose()
-            servable.record(t0, error)
+        await self.streams.stream(servable, stream, receive, send, gen(), t0)
