@@ -12,7 +12,7 @@ three places, and nothing else changes:
   NAME`` / ``pipeline NAME``), then its stages (parse, features, preprocess, cache, queue,
   infer, postprocess), a pipeline's steps each as a span with its models' spans inside;
 - generation routes note their request's queue time, time to first token, token counts
-  and finish reason (``note_generation``) on a ``generate MODEL`` span.
+  and finish reason (``request_trace.note_generation``) on a ``generate MODEL`` span.
 
 Without tracing the road is the plain one: a servable checks ``request.trace is None``, one
 branch per request, and no OpenTelemetry module is imported. The spans are made when the
@@ -22,15 +22,14 @@ on its own thread.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from milliserve._version import __version__
+from milliserve.observability.request_trace import CURRENT_TRACE, RequestTrace, Sampled
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.road import SpanLog
 from milliserve.runtime.dataplane import DataPlane
@@ -38,12 +37,9 @@ from milliserve.status import status_of
 
 __all__ = [
     "DEFAULT_SAMPLE_RATIO",
-    "RequestTrace",
-    "Sampled",
     "TracedDataPlane",
     "TracedHttp",
     "Tracing",
-    "note_generation",
 ]
 
 
@@ -73,11 +69,6 @@ def _quiet_drops() -> None:
 
 Scope = dict[str, Any]
 ASGI = Callable[[Scope, Any, Any], Awaitable[None]]
-
-# the request being traced in this task (set by the front end's wrapper only)
-_CURRENT: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
-    "milliserve_trace", default=None
-)
 
 # the share of requests traced that bring no caller's decision, unless OTEL_TRACES_SAMPLER
 # says otherwise: every request's spans cost the loop about 30 µs to build, and the exporter's
@@ -109,72 +100,6 @@ _GRPC_CODES = {
 }
 
 
-@dataclass(slots=True, eq=False)
-class RequestTrace:
-    """One request's spans while it runs: ``log`` holds the servables' spans (their times
-    in ``time.perf_counter()`` seconds), ``first``/``last`` when the servables started and
-    ended (the front end's parse and serialize fall outside them)."""
-
-    start: float
-    sampled: Sampled
-    log: SpanLog = field(default_factory=SpanLog)
-    first: float | None = None
-    last: float | None = None
-    attributes: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True, frozen=True)
-class Sampled:
-    """The sampler's yes for one request, taken when it arrives: its trace, its caller's
-    span (None: it starts the trace), and what the sampler adds (trace state, attributes)."""
-
-    trace_id: int
-    parent: Any
-    trace_state: Any
-    attributes: Any
-
-
-def note_generation(
-    model: str,
-    timing: dict[str, float] | None,
-    usage: dict[str, int] | None,
-    finish: str | None,
-    error: BaseException | None = None,
-) -> None:
-    """A generation's span (``generate MODEL``) in the current request's trace, if any: its
-    queue time and time to first token (from the engine's timing, in ms), its tokens and
-    finish reason (OpenTelemetry's gen_ai attributes)."""
-    trace = _CURRENT.get()
-    if trace is None:
-        return
-    end = time.perf_counter()
-    t = timing or {}
-    total_ms = t.get("total_ms") or (end - trace.start) * 1e3
-    start = max(trace.start, end - total_ms / 1e3)
-    attributes: dict[str, Any] = {"gen_ai.operation.name": "generate", "gen_ai.request.model": model}
-    if finish:
-        attributes["gen_ai.response.finish_reasons"] = (finish,)
-    if usage:
-        attributes["gen_ai.usage.input_tokens"] = int(usage.get("prompt_tokens", 0))
-        attributes["gen_ai.usage.output_tokens"] = int(usage.get("completion_tokens", 0))
-    for key, value in t.items():
-        if value is not None and value >= 0:
-            attributes[f"milliserve.generation.{key}"] = float(value)
-    if "ttft_ms" in t and t["ttft_ms"] is not None:
-        attributes["gen_ai.server.time_to_first_token"] = float(t["ttft_ms"]) / 1e3
-    if error is not None:
-        attributes["error.type"] = type(error).__name__
-    index = trace.log.add(f"generate {model}", start, end, attributes)
-    queue = t.get("queue_ms")
-    if queue:
-        trace.log.spans.append(["queue", start, min(end, start + queue / 1e3), index, None])
-    ttft = t.get("ttft_ms")
-    if ttft:
-        trace.log.spans.append(["first token", start, min(end, start + ttft / 1e3), index, None])
-    trace.first = start if trace.first is None else min(trace.first, start)
-    trace.last = end if trace.last is None else max(trace.last, end)
-
-
 class TracedDataPlane(DataPlane):
     """The data plane of a server that traces: each inference in a traced request records
     its servable's spans (a request with several, such as a long embeddings request, gets
@@ -186,10 +111,10 @@ class TracedDataPlane(DataPlane):
 
     def infer_now(self, request: InferRequest) -> InferResponse | None:
         """A traced request takes the road, which records its spans."""
-        return None if _CURRENT.get() is not None else super().infer_now(request)
+        return None if CURRENT_TRACE.get() is not None else super().infer_now(request)
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        trace = _CURRENT.get()
+        trace = CURRENT_TRACE.get()
         if trace is None:
             return await super().infer(request)
         log = request.trace = SpanLog()
@@ -412,7 +337,7 @@ class Tracing:
                 return await handler(req, ctx)
             trace = RequestTrace(start, decision)
             trace.attributes.update({"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc})
-            token = _CURRENT.set(trace)
+            token = CURRENT_TRACE.set(trace)
             code, error = "OK", None
             try:
                 return await handler(req, ctx)
@@ -421,7 +346,7 @@ class Tracing:
                 error = str(exc) if code in _GRPC_ERRORS else None
                 raise
             finally:
-                _CURRENT.reset(token)
+                CURRENT_TRACE.reset(token)
                 trace.attributes["rpc.grpc.status_code"] = _GRPC_CODES.get(code, 2)
                 self.export(method, "SERVER", trace, time.perf_counter(), error)
 
@@ -513,7 +438,7 @@ class TracedHttp:
                 status, answered = message["status"], time.perf_counter()
             await send(message)
 
-        token = _CURRENT.set(trace)
+        token = CURRENT_TRACE.set(trace)
         error: str | None = None
         try:
             await self.app(scope, receive, sending)
@@ -521,7 +446,7 @@ class TracedHttp:
             status, error = status or 500, repr(exc)
             raise
         finally:
-            _CURRENT.reset(token)
+            CURRENT_TRACE.reset(token)
             self._export(scope, trace, status, answered, error)
 
     def _export(

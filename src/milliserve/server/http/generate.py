@@ -31,7 +31,7 @@ from milliserve.llm.generate_extension import parse_generate
 from milliserve.llm.generation_params import GenerationParams
 from milliserve.llm.sequence import Event
 from milliserve.llm.tool_calls import CallParser, Piece, answer_pieces, call_parser, message_of, stream_delta
-from milliserve.observability.tracing import note_generation
+from milliserve.observability.request_trace import note_generation
 from milliserve.openai.completions import (
     chat_chunk,
     chat_response,
