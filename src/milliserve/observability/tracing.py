@@ -33,6 +33,7 @@ from milliserve.observability.request_trace import CURRENT_TRACE, RequestTrace, 
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.road import SpanLog
 from milliserve.runtime.dataplane import DataPlane
+from milliserve.runtime.soon import Soon
 from milliserve.status import status_of
 
 __all__ = [
@@ -384,7 +385,8 @@ def _metadata(ctx: Any) -> Iterable[tuple[str, str]]:
 
 # the scope's key for the sampler's decision, taken by the express lane before the road
 _DECISION = "milliserve.trace_decision"
-Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
+# the express lane's answer: (status, body, headers), now or later in the loop's turn
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]]] | Soon[tuple[int, bytes, list[tuple[bytes, bytes]]]]
 
 
 class HttpApplication(Protocol):

@@ -19,6 +19,7 @@ Config ``parameters { inline_execution }``: ``auto`` (default), ``true`` (always
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -35,14 +36,28 @@ from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest, Runn
 from milliserve.runtime.deadline import LatencyEstimator
 from milliserve.runtime.executor import InstanceWorker
 from milliserve.runtime.stats import ModelStats
-from milliserve.runtime.validation import ModelIO
+from milliserve.runtime.validation import ModelIO, Signature
 
-__all__ = ["BatchExecute"]
+__all__ = ["BatchExecute", "TurnDone"]
 
 log = logging.getLogger(__name__)
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 _INLINE_MODES = ("auto", "true", "false")
+
+
+# what a turn's request gets: its outputs (or the exception in their place), and when its batch started
+TurnDone = Callable[["Arrays | BaseException", float], None]
+# a request in a turn's batch: its inputs, batch size, arrival and ``TurnDone``
+_TurnItem = tuple[Arrays, int, float, TurnDone]
+
+
+def _settle_from_road(item: QueuedRequest, done: TurnDone, future: asyncio.Future[Arrays]) -> None:
+    if future.cancelled():
+        done(asyncio.CancelledError(), item.dispatched or time.perf_counter())
+        return
+    exc = future.exception()
+    done(exc if exc is not None else future.result(), item.dispatched or time.perf_counter())
 
 
 class BatchExecute:
@@ -83,6 +98,15 @@ class BatchExecute:
         self._inline_per_work: float | None = None
         self.inline_runs = 0
         self.probe_feeds: Arrays | None = None  # the warmup input, to re-measure the model
+        # the requests of this loop turn that run as one batch at its end (join_turn)
+        self._turn: list[_TurnItem] = []
+        self._turn_work = 0
+        self._turn_items = 0
+        self._turn_signature: Signature | None = None
+        self._turn_scheduled = False
+        # seconds per input element of a turn's batch, learnt from the turns run (a batch
+        # costs less per element than a request alone: the model's fixed cost is shared)
+        self._turn_per_work: float | None = None
         self._probes: set[asyncio.Task[None]] = set()
         self.adaptive = (
             AdaptiveBatching(self.batcher, policy, target_p99_s, instances=len(self._backends))
@@ -110,7 +134,7 @@ class BatchExecute:
             and threads == 1
             and self._inline_mode == "auto"
         ):
-            self._inline_per_work = compute_s / max(work, 1)
+            self._inline_per_work = self._turn_per_work = compute_s / max(work, 1)
         self.batcher.gather_ready = self.inline
         await self.batcher.start()
 
@@ -295,11 +319,138 @@ class BatchExecute:
         and inline: a batch this small runs on the event loop's thread, and the batcher would
         hand it an idle instance without waiting (``Batcher.alone_now``). The express lane
         (``ModelRuntime.infer_now``) then runs it with ``run_now``."""
-        if self._wrapped:  # a test's stall injector wraps the batch runs: the road's only
-            return False
+        if self._wrapped or self._turn:  # a stall injector (tests) wraps the road only; a turn's
+            return False  # batch is forming: this request joins it (join_turn)
         per_work = self._inline_per_work
         inline = per_work is not None and per_work * work < self.inline_below_s
         return (inline or self._inline_mode == "true") and self.batcher.alone_now()
+
+    # ---- a loop turn's batch: the express lane under load ----
+    def turn_possible(self, work: int) -> bool:
+        """Whether a request of ``work`` input elements may join a loop turn's batch
+        (``join_turn``): the batcher merges and is idle (``Batcher.turn_open``), and the
+        request alone would run inline."""
+        if self._wrapped or not self.batcher.turn_open():
+            return False
+        if self._inline_mode == "true":
+            return True
+        per_work = self._turn_per_work
+        return per_work is not None and per_work * work < self.inline_below_s
+
+    def join_turn(
+        self, inputs: Arrays, batch_size: int, signature: Signature, work: int, done: TurnDone
+    ) -> None:
+        """Add a request that ``turn_possible`` let in to this loop turn's batch, which runs
+        inline once the loop has read every socket that was ready (``call_soon``): the
+        requests that came in one turn share one run of the model, without the road's tasks,
+        futures and queue. ``done`` gets the request's outputs (or the exception in their
+        place) and the time the batch started. A batch that this request would make too
+        large (over ``max_batch_size``, or its compute, estimated from the turns run so
+        far, over ``inline_below_s``), or of another shape, runs now, and this request
+        starts the next."""
+        turn = self._turn
+        if turn:
+            per_work = self._turn_per_work
+            if (
+                signature != self._turn_signature
+                or self._turn_items + batch_size > self.policy.max_batch_size
+                or (
+                    self._inline_mode != "true"
+                    and per_work is not None
+                    and per_work * (self._turn_work + work) >= self.inline_below_s
+                )
+            ):
+                self._flush_turn()
+                turn = self._turn
+        if not turn:
+            self._turn_signature = signature
+            if not self._turn_scheduled:
+                self._turn_scheduled = True
+                asyncio.get_running_loop().call_soon(self._run_turn)
+        now = time.perf_counter()
+        self.batcher.arrived_in_turn(now, bool(turn))
+        turn.append((inputs, batch_size, now, done))
+        self._turn_work += work
+        self._turn_items += batch_size
+
+    def _run_turn(self) -> None:
+        self._turn_scheduled = False
+        if self._turn:
+            self._flush_turn()
+
+    def _flush_turn(self) -> None:
+        turn, work, items, signature = self._turn, self._turn_work, self._turn_items, self._turn_signature
+        self._turn, self._turn_work, self._turn_items = [], 0, 0
+        started = time.perf_counter()
+        index = self.batcher.take_turn()
+        if index is None:  # the road took the instance in between: the turn queues there
+            self._turn_to_road(turn, signature)
+            return
+        try:
+            per_item, in_ns, infer_ns, out_ns = self._execute_turn(self._backends[index], turn)
+        except (BackendError, InvalidInputError) as exc:
+            self.batcher.give_back(index, started)
+            if len(turn) > 1:  # isolation: the road reruns them one by one, so only the culprit fails
+                self._turn_to_road(turn, signature)
+                return
+            if isinstance(exc, BackendError):
+                log.warning("%s: %s", self.label, exc)
+            turn[0][3](exc, started)
+            return
+        except Exception as exc:  # a bug, not a model failure: still answer every request
+            self.batcher.give_back(index, started)
+            log.exception("%s: unexpected error running a batch", self.label)
+            err = BackendError(f"internal error running model {self.label!r}: {exc}")
+            for it in turn:
+                it[3](err, started)
+            return
+        self.batcher.give_back(index, started)
+        queue_ns = [int((started - it[2]) * 1e9) for it in turn]
+        self._account(started, work, items, queue_ns, True, in_ns, infer_ns, out_ns)
+        per_work = self._turn_per_work
+        if per_work is not None:  # as ``_learn``: a preempted run counts at most twice the estimate
+            self._turn_per_work = per_work + 0.1 * (
+                min(infer_ns / 1e9 / max(work, 1), 2 * per_work) - per_work
+            )
+        if self.adaptive is not None:
+            self.adaptive.observe(0.0, infer_ns / 1e9)
+        for it, outs in zip(turn, per_item, strict=True):
+            it[3](outs, started)
+
+    def _execute_turn(self, backend: Backend, turn: list[_TurnItem]) -> tuple[list[Arrays], int, int, int]:
+        """``_execute`` for a turn's batch."""
+        t0 = time.perf_counter_ns()
+        if len(turn) == 1:
+            feeds = turn[0][0]
+        else:
+            feeds = {n: np.concatenate([it[0][n] for it in turn]) for n in turn[0][0]}
+        t1 = time.perf_counter_ns()
+        outputs = backend.run(feeds, self._outputs)
+        t2 = time.perf_counter_ns()
+        if len(turn) == 1:
+            per_item = [outputs]
+        else:
+            per_item = []
+            start = 0
+            for it in turn:
+                end = start + it[1]
+                per_item.append({n: a[start:end] for n, a in outputs.items()})
+                start = end
+        return per_item, t1 - t0, t2 - t1, time.perf_counter_ns() - t2
+
+    def _turn_to_road(self, turn: list[_TurnItem], signature: Signature | None) -> None:
+        """A turn's requests queued in the batcher, each answered as it comes."""
+        loop = asyncio.get_running_loop()
+        timeout_s = self.policy.timeout_s(None)
+        for inputs, batch_size, arrived, done in turn:
+            future: asyncio.Future[Arrays] = loop.create_future()
+            item = QueuedRequest(inputs, batch_size, signature or (), future, enqueued=arrived)
+            try:
+                self.batcher.submit(item, timeout_s)
+            except Exception as exc:
+                done(exc, time.perf_counter())
+                continue
+            future.add_done_callback(functools.partial(_settle_from_road, item, done))
 
     def run_now(self, inputs: Arrays, batch_size: int, work: int) -> tuple[Arrays, int]:
         """``inputs`` computed at once on this thread, as ``__call__`` would have run them after

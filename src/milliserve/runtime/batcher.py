@@ -308,6 +308,24 @@ class Batcher:
         self._arrived(now)
         return self._free.pop()
 
+    def turn_open(self) -> bool:
+        """Whether a request may join a turn's batch (``BatchExecute.join_turn``): the
+        batcher open and merging, nothing queued, an instance free and nobody gathering, as
+        ``alone_now`` asks, whatever the overlap."""
+        return self.policy.merge and not (self._closed or self._size or not self._free or self._gathering)
+
+    def arrived_in_turn(self, now: float, companions: bool) -> None:
+        """A request joining a turn's batch, counted as ``take_alone`` counts an arrival; one
+        that finds ``companions`` in the turn overlapped them."""
+        if self.gather_ready:
+            self._gather_count += 1  # as ``_gather_now`` counts
+        self._arrived(now, companions)
+
+    def take_turn(self) -> int | None:
+        """An idle instance for a turn's batch, if ``turn_open`` still holds; None: it no
+        longer does (a request on the road took the instance, or queued, in between)."""
+        return self._free.pop() if self.turn_open() else None
+
     def give_back(self, index: int, started: float) -> None:
         """The end of a ``take_alone`` run that began at ``started``. Nothing else ran in
         between (the run never awaited), so the queue is as it was: empty."""
@@ -322,13 +340,13 @@ class Batcher:
             self._make_room(item.flow, limit)
         self._arrived(item.enqueued)
 
-    def _arrived(self, now: float) -> None:
+    def _arrived(self, now: float, companions: bool = False) -> None:
         """A request's arrival, in the estimates of the arrival gap and of overlap."""
         if self._last_arrival is not None:
             gap = now - self._last_arrival
             self._gap = gap if self._gap is None else self._gap + _GAP_ALPHA * (gap - self._gap)
         self._last_arrival = now
-        concurrent = 1.0 if self._size or self._inflight_items or self._gathering else 0.0
+        concurrent = 1.0 if companions or self._size or self._inflight_items or self._gathering else 0.0
         self._overlap += _GAP_ALPHA * (concurrent - self._overlap)
 
     def _make_room(self, flow: Hashable, limit: int) -> None:

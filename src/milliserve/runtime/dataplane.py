@@ -17,6 +17,7 @@ from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.runtime.embedding import Embedder, EmbeddingSpec, embedding_spec
 from milliserve.runtime.scoring import Classifier, Reranker, classify_spec, rerank_spec
 from milliserve.runtime.servable import RoadServable, Servable, ServableRegistry
+from milliserve.runtime.soon import Soon
 from milliserve.runtime.stats import merge_statistics
 
 __all__ = ["EXTENSIONS", "DataPlane"]
@@ -106,6 +107,13 @@ class DataPlane:
         anywhere (its express lane, ``RoadServable.infer_now``); None: await ``infer``."""
         servable = self.registry.get(request.model_name, request.model_version)
         return servable.infer_now(request) if isinstance(servable, RoadServable) else None
+
+    def infer_soon(self, request: InferRequest) -> Soon[InferResponse] | None:
+        """For a request that ``infer_now`` left: its answer later in this loop turn, in a
+        batch with the turn's other requests to the model (``ModelRuntime.infer_soon``);
+        None: await ``infer``."""
+        servable = self.registry.get(request.model_name, request.model_version)
+        return servable.infer_soon(request) if isinstance(servable, RoadServable) else None
 
     def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """The responses to one request as the servable produces them (one for a model)."""

@@ -36,6 +36,7 @@ from milliserve.runtime.deadline import LatencyEstimator, request_deadline
 from milliserve.runtime.executor import Executor
 from milliserve.runtime.sequence_execute import SequenceExecute
 from milliserve.runtime.servable import ClientInputs, RoadServable
+from milliserve.runtime.soon import Soon
 from milliserve.runtime.stages import Admit, Deadline, StepStage, Validate, cache_stage
 from milliserve.runtime.stall import stall_injectors
 from milliserve.runtime.stats import ModelStats
@@ -228,6 +229,60 @@ class ModelRuntime(RoadServable):
         )
         stats.record_alone(time.perf_counter_ns() - t0, infer_ns)
         return response
+
+    def infer_soon(self, request: InferRequest) -> Soon[InferResponse] | None:
+        """The express lane under load (docs/design.md, "The express lane"): a request that
+        ``infer_now`` would not run at once because requests overlap (or a batch is forming
+        in this loop turn) joins the turn's batch, which runs inline once the loop has read
+        every ready socket (``BatchExecute.join_turn``): concurrent clients share one run of
+        the model, as the road's batcher would have them, without its tasks and futures.
+        Validated and admitted here (errors raised as the road raises them); the response
+        settles the returned ``Soon``. None: take the road."""
+        execute = self.execute
+        if not self._express or request.parameters or request.trace is not None:
+            return None
+        assert isinstance(execute, BatchExecute)
+        inputs = request.inputs
+        work = 0
+        for t in inputs:
+            work += t.data.size
+        if not execute.turn_possible(work):
+            return None
+        t0 = time.perf_counter_ns()
+        start = t0 / 1e9
+        stats = self.stats
+        try:
+            batch_size, signature = validate_request(request, self.io)
+            deadline = request_deadline(
+                request.deadline, request.parameters, start, self._budget_s, execute.policy.delay_on_timeout
+            )
+            if deadline is not None:
+                self._admit.check(deadline, work)
+        except BaseException as exc:
+            stats.record_request(time.perf_counter_ns() - t0, status_of(exc).reason)
+            raise
+        soon: Soon[InferResponse] = Soon()
+        t1 = time.perf_counter()
+
+        def done(outputs: Arrays | BaseException, started: float) -> None:
+            if isinstance(outputs, BaseException):
+                stats.record_request(time.perf_counter_ns() - t0, status_of(outputs).reason)
+                soon.settle(outputs)
+                return
+            t2 = time.perf_counter()
+            response = InferResponse(
+                model_name=self.config.name,
+                model_version=self.version,
+                id=request.id,
+                outputs=execute.tensors(request, outputs),
+                timings={"parse": t1 - start, "queue": started - t1, "infer": t2 - started},
+                record_stages=stats.record_stages,
+            )
+            stats.record_request(time.perf_counter_ns() - t0, None)
+            soon.settle(response)
+
+        execute.join_turn({t.name: t.data for t in inputs}, batch_size, signature, work, done)
+        return soon
 
     # ---- loading ----
     @classmethod

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from milliserve.config.model_config import ModelConfig
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.road import Call, Road, SpanLog
+from milliserve.runtime.soon import Soon
 from milliserve.runtime.stats import ModelStats
 from milliserve.status import status_of
 
@@ -121,6 +122,12 @@ class RoadServable:
         would have answered it so anyway; None where it would not (the default), and the
         front end takes the road (``infer``). A servable whose road can wait (a pipeline, a
         cache, a sequence) keeps the default."""
+        return None
+
+    def infer_soon(self, request: InferRequest) -> Soon[InferResponse] | None:
+        """The express lane under load: ``request``, which ``infer_now`` left, answered later
+        in this loop turn without awaiting (a model's turn batch, ``ModelRuntime``); None
+        where it would not be (the default), and the front end takes the road."""
         return None
 
     async def _traced(self, request: InferRequest) -> InferResponse:

@@ -99,6 +99,7 @@ class Client:
         protocol = http.connection()  # in the loop: the protocol takes the running one
         if not express:
             protocol.express = None
+        transport.protocol = protocol  # closed by the server's stop, the connection is lost
         protocol.connection_made(transport)
         return protocol
 
@@ -219,3 +220,102 @@ def test_a_model_whose_road_may_wait_takes_the_road(server: Server, loop: asynci
     for name in ("fraud_worker", "fraud_cached", "fraud_budget"):
         client.send(json_request(features(), f"/v2/models/{name}/infer".encode()))
         assert client.answer()[0] == 200
+
+
+def reference(rows: np.ndarray[Any, Any], repo: Path) -> np.ndarray[Any, Any]:
+    """fraud_mlp's probabilities for ``rows``, from ONNX Runtime run directly, one row at a time."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(
+        str(repo / "fraud_mlp" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    return np.concatenate([session.run(None, {"features": rows[i : i + 1]})[0] for i in range(len(rows))])
+
+
+def probabilities(answer: bytes) -> np.ndarray[Any, Any]:
+    out = json.loads(answer.partition(b"\r\n\r\n")[2])["outputs"][0]
+    return np.asarray(out["data"], np.float32).reshape(out["shape"])
+
+
+def test_requests_of_one_loop_turn_share_one_run_and_each_gets_its_own_answer(
+    server: Server, loop: asyncio.AbstractEventLoop, repo: Path
+) -> None:
+    """Concurrent clients (bursts read in one turn of the loop) are answered from shared
+    batches, each with its own rows: once a burst's request joins a turn (the batcher's
+    look for companions, every 16th request), the rest of the burst joins it too."""
+    runtime = server.registry.get("fraud_mlp")
+    batches_before = {
+        b["batch_size"]: b["compute_infer"]["count"] for b in runtime.stats.as_dict()["batch_stats"]
+    }
+    count_before = runtime.stats.as_dict()["inference_count"]
+    clients = [Client(server, loop) for _ in range(8)]
+    rows = features(7, rows=8 * 40)
+
+    async def bursts() -> None:
+        for b in range(40):
+            before = [len(c.transport.out) for c in clients]
+            for i, c in enumerate(clients):  # one burst: all read in this callback
+                c.protocol.data_received(json_request(rows[b * 8 + i : b * 8 + i + 1]))
+            while any(len(c.transport.out) == n for c, n in zip(clients, before, strict=True)):  # noqa: ASYNC110
+                await asyncio.sleep(0)
+
+    loop.run_until_complete(asyncio.wait_for(bursts(), 60))
+    want = reference(rows, repo)
+    for i, c in enumerate(clients):
+        assert len(c.transport.out) == 40
+        for b, answer in enumerate(c.transport.out):
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            np.testing.assert_allclose(probabilities(answer)[0], want[b * 8 + i], rtol=1e-5, atol=1e-6)
+    stats = runtime.stats.as_dict()
+    assert stats["inference_count"] == count_before + 320
+    batches = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+    shared = {
+        k: v - batches_before.get(k, 0) for k, v in batches.items() if k > 1 and v > batches_before.get(k, 0)
+    }
+    assert shared, f"no burst shared a run: {batches}"
+
+
+def test_a_turns_batch_answers_a_gone_client_by_no_one_and_the_rest_as_ever(
+    server: Server, loop: asyncio.AbstractEventLoop, repo: Path
+) -> None:
+    """A request in a turn's batch whose client leaves before the batch runs costs nobody
+    else: the others are answered, and a pipelined request behind one in the batch after it."""
+    runtime = server.registry.get("fraud_mlp")
+    gone, stays, pipelined = Client(server, loop), Client(server, loop), Client(server, loop)
+    x = features(11, rows=3)
+
+    async def turn() -> None:
+        assert runtime.infer_soon(decoded("fraud_mlp")) is not None  # a turn is forming
+        gone.protocol.data_received(json_request(x[:1]))
+        stays.protocol.data_received(json_request(x[1:2]))
+        pipelined.protocol.data_received(json_request(x[2:3]) + json_request(x[:1]))
+        assert not gone.transport.out and not stays.transport.out and not pipelined.transport.out
+        gone.transport.closing = True
+        gone.protocol.connection_lost(None)
+        while len(stays.transport.out) < 1 or len(pipelined.transport.out) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+
+    loop.run_until_complete(asyncio.wait_for(turn(), 30))
+    want = reference(x, repo)
+    assert not gone.transport.out
+    np.testing.assert_allclose(probabilities(stays.transport.out[0])[0], want[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(probabilities(pipelined.transport.out[0])[0], want[2], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(probabilities(pipelined.transport.out[1])[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_request_in_a_turn_gets_the_roads_answer_alone(
+    server: Server, loop: asyncio.AbstractEventLoop
+) -> None:
+    good, bad = Client(server, loop), Client(server, loop)
+    runtime = server.registry.get("fraud_mlp")
+
+    async def turn() -> None:
+        assert runtime.infer_soon(decoded("fraud_mlp")) is not None
+        bad.protocol.data_received(json_request(np.zeros((1, FEATURES + 1), np.float32)))
+        good.protocol.data_received(json_request(features(3)))
+        while not good.transport.out or not bad.transport.out:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+
+    loop.run_until_complete(asyncio.wait_for(turn(), 30))
+    assert bad.answer()[0] == 400 and "features" in json.loads(bad.answer()[2])["error"]
+    assert good.answer()[0] == 200

@@ -32,9 +32,11 @@ from milliserve.protocol.json_codec import (
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.road import Offload
 from milliserve.runtime.dataplane import DataPlane
+from milliserve.runtime.soon import Soon
 from milliserve.server.auth import Auth
 from milliserve.server.http.asgi import CANCEL_ON_DISCONNECT, CLIENT_GONE, JSON_HEADER, Receive, Scope, Send
 from milliserve.server.http.classify import ClassifyRoute
+from milliserve.server.http.cycle import Answer
 from milliserve.server.http.edge_files import EdgeFiles
 from milliserve.server.http.embeddings_route import EmbeddingsRoute
 from milliserve.server.http.generate import GenerateRoutes
@@ -315,7 +317,7 @@ class HttpApp:
             if shm is not None:
                 shm.release()
 
-    def express(self, scope: Scope, body: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
+    def express(self, scope: Scope, body: bytes) -> Answer | Soon[Answer] | None:
         """The express lane of ``POST /v2/models/{m}[/versions/{v}]/infer`` (docs/design.md,
         "The express lane"), for a request whose whole body is in: its answer computed in
         this call, where the model's road would not wait anywhere (``DataPlane.infer_now``).
@@ -356,7 +358,10 @@ class HttpApp:
             t1 = time.perf_counter()
             response = self.dp.infer_now(request)
             if response is None:
-                return None
+                soon = self.dp.infer_soon(request)
+                if soon is None:
+                    return None
+                return soon.map(lambda r: _answer(r, request, t0, t1, time.perf_counter()), _error_or_raise)
             return _answer(response, request, t0, t1, time.perf_counter())
         except MilliserveError as exc:
             return _error_answer(exc)
@@ -433,6 +438,12 @@ def _answer(
     if out_header_len is None:
         return 200, out, [_JSON, timing]
     return 200, out, [_OCTET, (_HEADER_LEN, str(out_header_len).encode()), timing]
+
+
+def _error_or_raise(exc: BaseException) -> Answer | BaseException:
+    """A refused request's answer, for an express request answered later; any other
+    exception passes on (the connection answers 500 and logs it)."""
+    return _error_answer(exc) if isinstance(exc, MilliserveError) else exc
 
 
 def _error_answer(exc: MilliserveError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:

@@ -21,9 +21,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from milliserve.runtime.soon import Soon
 from milliserve.server.http.asgi import CLIENT_GONE, Message
 
-__all__ = ["STATUS_LINE", "Connection", "Cycle", "Express"]
+__all__ = ["STATUS_LINE", "Answer", "Connection", "Cycle", "Express"]
 
 log = logging.getLogger("milliserve.server.http")
 
@@ -46,9 +47,12 @@ _INTERNAL_ERROR = (
 _NO_BODY_STATUS = frozenset((204, 304))
 
 
-# an application's express lane (``HttpApp.express``): the (status, body, headers) of a
-# request whose body is in, computed at once, or None for the application to run as always
-Express = Callable[[dict[str, Any], bytes], "tuple[int, bytes, list[tuple[bytes, bytes]]] | None"]
+# a response as (status, body, headers)
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
+# an application's express lane (``HttpApp.express``): the answer to a request whose body is
+# in, computed at once or later in the loop's turn (a ``Soon``: ``ModelRuntime.infer_soon``),
+# or None for the application to run as always
+Express = Callable[[dict[str, Any], bytes], "Answer | Soon[Answer] | None"]
 
 
 class Connection(Protocol):
@@ -222,9 +226,10 @@ class Cycle:
                 self.conn.close_after(self)
 
     def answer_now(self, express: Express) -> bool:
-        """Answer with ``express``'s response, computed in this call, when it gives one for
-        this request (whose whole body is in and unread), in one write; False: it gave
-        none, and the application is to run as always."""
+        """Answer with ``express``'s response when it gives one for this request (whose
+        whole body is in and unread), in one write: computed in this call, or later in the
+        loop's turn (a ``Soon``; the cycle is then complete only once it came); False: it
+        gave none, and the application is to run as always."""
         chunks = self._chunks
         try:
             answer = express(self.scope, chunks[0] if len(chunks) == 1 else b"".join(chunks))
@@ -233,6 +238,25 @@ class Cycle:
             return False
         if answer is None:
             return False
+        if isinstance(answer, Soon):
+            answer.then(self._answer_soon)
+            return True
+        self._write_answer(answer)
+        return True
+
+    def _answer_soon(self, answer: Answer | BaseException) -> None:
+        if isinstance(answer, BaseException):  # a bug: logged, and answered as the road's are
+            log.error("exception in the HTTP application's express lane", exc_info=answer)
+            self._fail()
+            return
+        try:
+            self._write_answer(answer)
+        except Exception:  # e.g. an invalid header: the other requests of the turn go on
+            log.exception("exception in the HTTP application's express lane")
+            if not self.complete:
+                self._fail()
+
+    def _write_answer(self, answer: Answer) -> None:
         status, body, headers = answer
         self.started = True
         head = self._head_bytes({"status": status, "headers": headers}, len(body))
@@ -241,7 +265,6 @@ class Cycle:
         self._done()
         if not self.keep_alive:
             self.conn.close_after(self)
-        return True
 
     def _head_bytes(self, head: Message, length: int | None) -> bytes:
         status = head["status"]
