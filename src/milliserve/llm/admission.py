@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import TYPE_CHECKING
 
 from milliserve.llm.sequence import GenRequest
@@ -35,7 +35,7 @@ from milliserve.llm.sequence import GenRequest
 if TYPE_CHECKING:
     from milliserve.llm.sequence import Sequence
 
-__all__ = ["PREEMPTION_MODES", "QUANTUM", "Preemption", "WaitingRoom", "fair_claim"]
+__all__ = ["PREEMPTION_MODES", "QUANTUM", "Preemption", "WaitingRoom", "evictable", "fair_claim"]
 
 # tokens a sequence generates after it was admitted or resumed before fairness may suspend it
 QUANTUM = 16
@@ -148,6 +148,25 @@ def ahead_of(
             yield from reqs
         elif lv == level:
             yield from reqs[: max(0, turns - held.get(c, 0))]
+
+
+def evictable(
+    waiting: list[GenRequest], client: str, share: int, suspended: Container[GenRequest]
+) -> GenRequest | None:
+    """The request to evict from a full queue so that ``client`` gets in: the latest
+    ``waiting`` request of the client with the most waiting, if that client has more than
+    ``share`` waiting and ``client`` fewer. Never a suspended sequence (a stream under
+    way) nor one already cancelled."""
+    counts: dict[str, list[GenRequest]] = {}
+    for r in waiting:
+        if not r.cancelled and r not in suspended:
+            counts.setdefault(r.client, []).append(r)
+    if len(counts.get(client, ())) >= share:
+        return None
+    over = max((c for c in counts if c != client), key=lambda c: len(counts[c]), default=None)
+    if over is None or len(counts[over]) <= share:
+        return None
+    return max(counts[over], key=lambda r: r.arrival)
 
 
 def fair_claim(client: str, held: dict[str, int], clients: set[str], max_sequences: int) -> bool:

@@ -27,33 +27,24 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
-from milliserve.llm.admission import Preemption, WaitingRoom, ahead_of, fair_claim
-from milliserve.llm.calibration import IDLE, QUEUED, SLOT, Estimate, TtftCalibration
+from milliserve.llm.admission import Preemption, WaitingRoom, ahead_of, evictable, fair_claim
+from milliserve.llm.calibration import Estimate, TtftCalibration
 from milliserve.llm.costs import StepCosts
-from milliserve.llm.drafts import Drafter, Lookup
+from milliserve.llm.drafts import Drafter
 from milliserve.llm.sequence import Event, GenRequest, Sequence
 from milliserve.llm.slots import Slots
-from milliserve.llm.step_plan import Batch, JoinWindow, StepBudget, build_batch
+from milliserve.llm.step_plan import JoinWindow, PlannedStep, StepBudget, plan_step
+from milliserve.llm.suspension import Suspended
 from milliserve.llm.threads import ThreadChoice
 from milliserve.llm.token_model import TokenModel
+from milliserve.llm.ttft_estimate import first_token_wait
 from milliserve.llm.warmup import warm_up
 from milliserve.runtime.stats import GenerationStats
 
 __all__ = ["Engine", "TokenModel"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Step:
-    """A planned step: its batch, the drafts' lookups by slot (to learn from), and whether
-    a priority prompt runs alone in it."""
-
-    batch: Batch
-    looked: dict[int, list[Lookup]]
-    alone: bool
 
 
 class Engine:
@@ -92,10 +83,8 @@ class Engine:
         self._waiting = WaitingRoom()
         self._incoming: deque[GenRequest] = deque()
         self.preemption = Preemption(preemption, max_sequences)
-        self._suspended: dict[GenRequest, Sequence] = {}
-        self.suspended_bytes = 0
-        # suspended sequences' KV is held in host memory up to this (then nothing is suspended)
-        self.max_suspended_bytes = max(host_cache_bytes, 64 << 20)
+        # preempted sequences, their KV in host memory up to a cap (llm/suspension.py)
+        self._suspended = Suspended(max(host_cache_bytes, 64 << 20))
         self._cancels = False  # set by cancel(): the waiting room has a request to drop
         # set by submit() when a request outranks a running sequence: the best such level
         # (preemption: priority). The step in flight stops, and the next one is its prefill alone
@@ -190,22 +179,11 @@ class Engine:
     def clients_running(self) -> set[str]:
         return set(dict(self._waiting.running))
 
-    def estimate_ttft(self, prompt_tokens: int, client: str = "", level: int = 0) -> float:
-        """The calibrated estimate's seconds (``estimate``)."""
-        return self.estimate(prompt_tokens, client, level).seconds
-
     def estimate(self, prompt_tokens: int, client: str = "", level: int = 0) -> Estimate:
         """When a request of ``prompt_tokens`` (after prefix reuse) from ``client`` at
         priority ``level`` would get its first token, given the queue and the running
-        batch, and whether it has to wait for a slot. Read without a lock.
-
-        Only the requests it would wait behind count (llm.admission: higher levels, and
-        turns with the other clients), net of the prefix cache, and the step in flight
-        (half of it, on average). When every slot is taken and no preemption would give
-        it one, a slot frees when the soonest running sequence ends, expected after the
-        usual output length (learned from finished requests) or its ``max_tokens``,
-        whichever is first. The sum is calibrated by the error of earlier estimates
-        (llm/calibration.py)."""
+        batch, and whether it has to wait for a slot (llm/ttft_estimate.py), calibrated by
+        the error of earlier estimates (llm/calibration.py). Read without a lock."""
         running = list(self._running)
         by_line = {(lv, c): reqs for lv, c, reqs in self._waiting.snapshot()}
         for r in list(self._incoming):  # one line a client, as the waiting room will hold them
@@ -213,31 +191,10 @@ class Engine:
         lines = [(lv, c, reqs) for (lv, c), reqs in by_line.items()]
         held = dict(self._waiting.running)
         queued = sorted(ahead_of(lines, client, level, held), key=lambda r: r.arrival)
-        ahead = sum(len(r.prompt) - (self.cached(r.prompt) if i < 8 else 0) for i, r in enumerate(queued))
-        ahead += sum(len(s.req.prompt) - s.prefilled for s in running)
-        decoding = sum(1 for s in running if s.prefilled == len(s.req.prompt))
-        wait = 0.0
         short = len(running) + len(queued) + 1 - self.max_sequences
-        if short > 0 and self.preemption.would_preempt(client, level, running, self._waiting):
-            short = 0
-        costs = self.costs
-        if running:  # the step in flight ends first
-            wait += 0.5 * costs.step(len(running))
-        if short > 0:  # a slot must free first: the short-th soonest finisher, among the
-            # running sequences and the requests ahead that take the slots still free
-            typical = self.mean_output
-            free = max(0, self.max_sequences - len(running))
-            left = sorted(
-                [max(1.0, min(s.req.max_tokens, typical) - s.generated) for s in running]
-                + [min(r.max_tokens, typical) for r in queued[:free]]
-            )
-            busy = min(self.max_sequences, len(running) + len(queued))
-            wait += left[min(short, len(left)) - 1] * costs.step(busy) if left else 0.0
-        tokens = ahead + prompt_tokens
-        steps = -(-tokens // max(1, self.budget.prefill(decoding)))
-        raw = wait + steps * costs.step(decoding) + tokens * costs.prefill_token_s
-        case = QUEUED if short > 0 else SLOT if running or queued else IDLE
-
+        preempts = short > 0 and self.preemption.would_preempt(client, level, running, self._waiting)
+        learned = (self.mean_output, self.costs, self.budget, self.cached)  # outputs, steps, prefixes
+        raw, case = first_token_wait(prompt_tokens, running, queued, self.max_sequences, preempts, *learned)
         return Estimate(raw * self.calibration.factor(case), raw, case)
 
     def fair_claim(self, client: str) -> bool:
@@ -251,23 +208,10 @@ class Engine:
         return len(self._waiting) + len(self._incoming) - len(self._evicted)
 
     def evictable(self, client: str, share: int) -> GenRequest | None:
-        """The request to evict from a full queue so that ``client`` gets in: the latest
-        waiting request of the client with the most waiting, if that client has more than
-        ``share`` waiting and ``client`` fewer. Never a suspended sequence (a stream under
-        way) nor one already cancelled. A snapshot, read on the event loop."""
-        counts: dict[str, list[GenRequest]] = {}
-        for _, c, reqs in self._waiting.snapshot():
-            counts.setdefault(c, []).extend(reqs)
-        for r in list(self._incoming):
-            counts.setdefault(r.client, []).append(r)
-        for c in counts:
-            counts[c] = [r for r in counts[c] if not r.cancelled and r not in self._suspended]
-        if len(counts.get(client, ())) >= share:
-            return None
-        over = max((c for c in counts if c != client), key=lambda c: len(counts[c]), default=None)
-        if over is None or len(counts[over]) <= share:
-            return None
-        return max(counts[over], key=lambda r: r.arrival)
+        """The waiting request to evict from a full queue so that ``client`` gets in, if any
+        (llm.admission.evictable): a snapshot, read on the event loop."""
+        waiting = [r for _, _, reqs in self._waiting.snapshot() for r in reqs]
+        return evictable([*waiting, *list(self._incoming)], client, share, self._suspended)
 
     def evict(self, req: GenRequest, why: str) -> None:
         """Drop a waiting request (``evictable``): it ends as refused, with ``why``."""
@@ -313,9 +257,7 @@ class Engine:
                 self.model.free_sampler(s.sampler)
             for r in (*self._waiting.drain(), *self._incoming):
                 r.emit(Event("", 0, "abort", "the model is unloading"))
-            for s in self._suspended.values():
-                self.model.free_sampler(s.sampler)
-            self._suspended.clear()
+            self._suspended.clear(self.model)
 
     def _step(self) -> None:
         """One step, in five phases (the module's docstring): each a method below."""
@@ -354,44 +296,13 @@ class Engine:
         while self._waiting and not self.slots.free and self._preempt(now):
             self._admit(self._waiting.pop(), now)  # type: ignore[arg-type]
 
-    def _plan(self, urgent: int | None) -> _Step:
-        """Phase 3: the step's batch (llm/step_plan.py): each decoding sequence's last token
-        and drafts, then prompt chunks. A request that stopped the last step (``urgent``,
-        from submit) runs its prompt alone in this one."""
-        alone = (
-            set()
-            if urgent is None
-            else {s.slot for s in self._running if s.req.level <= urgent and s.prefilled < len(s.req.prompt)}
-        )
-        decoding = [] if alone else [s for s in self._running if s.prefilled == len(s.req.prompt)]
-        # drafts wait while a prompt is prefilled beside them: they would take the step's room
-        # that its chunks need (the prompt gets only its floor), and at 8 streams of grounded
-        # prompts, starting together, speculation on made 0.93x the tokens/s of off
-        prefilling = len(decoding) < len(self._running)
-        speculate = self.drafter.draft_tokens > 0 and len(decoding) < self.speculate_below and not prefilling
-        speculate = speculate and any(s.req.speculate for s in decoding)  # else no room to size
-        # drafts make a step longer for every stream, accepted or not: all of a step's drafts
-        # together stay within what keeps the step in the ITL target
-        room = self.budget.draft_room(len(decoding)) if speculate else 0
-        feed: dict[int, list[int]] = {}  # slot -> tokens this step (decoding: last + drafts)
-        drafts_of: dict[int, list[int]] = {}
-        looked: dict[int, list[Lookup]] = {}  # slot -> its lookups, to learn from
-        expect, width = float(len(decoding)), len(decoding)  # tokens the step yields; its logits
+    def _plan(self, urgent: int | None) -> PlannedStep:
+        """Phase 3: the step's batch (``step_plan.plan_step``): each decoding sequence's last
+        token and drafts, then prompt chunks; an ``urgent`` prompt alone."""
         n_ctx = self.model.n_ctx_seq
-        for s in decoding:
-            drafts: list[int] = []
-            if speculate and s.req.speculate:
-                drafts, gain, looked[s.slot] = self.drafter.draft(s, room, expect, width, n_ctx)
-                expect += gain
-                width += len(drafts)
-                room -= len(drafts)
-            drafts_of[s.slot] = drafts
-            feed[s.slot] = [s.last, *drafts]
-        fed = sum(len(f) for f in feed.values())
-        chunk = self.budget.chunks(self._running, decoding, fed, alone) if prefilling else {}
-        return _Step(build_batch(self._running, feed, drafts_of, chunk), looked, bool(alone))
+        return plan_step(self._running, urgent, self.drafter, self.budget, self.speculate_below, n_ctx)
 
-    def _decode(self, step: _Step) -> float | None:
+    def _decode(self, step: PlannedStep) -> float | None:
         """Phase 4: one ``llama_decode`` of the batch (it releases the GIL), on the thread
         count that has been fastest for its size. Returns when it ended, or None when it
         did not run (a burst to take in, an interrupt, a failure: its sequences failed)."""
@@ -444,7 +355,7 @@ class Engine:
             )
         return t1
 
-    def _sample(self, step: _Step, t1: float) -> None:
+    def _sample(self, step: PlannedStep, t1: float) -> None:
         """Phase 5: prefill progress and first tokens; each decoding sequence's token(s)
         sampled and its drafts verified; text out, and the sequences that finished end."""
         m = self.model
@@ -460,17 +371,13 @@ class Engine:
                 self._emit_tokens(s, out, t1)
 
     def _drop_waiting(self, r: GenRequest) -> None:
-        s = self._suspended.pop(r, None)
-        if s is not None:  # a suspended sequence whose client left
-            self.suspended_bytes -= len(s.saved)
-            s.saved = b""
-            self.model.free_sampler(s.sampler)
+        self._suspended.drop(r, self.model)  # a suspended sequence whose client left
         if r.refused:  # evicted for a newcomer (evict)
             self._evicted.discard(r)
-            self._count("refused")
+            self.stats.ended("refused")
             r.emit(Event("", 0, "refused", r.refused))
             return
-        self._count("abort")
+        self.stats.ended("abort")
         r.emit(Event("", 0, "abort"))
 
     def _preempt(self, now: float) -> bool:
@@ -482,31 +389,25 @@ class Engine:
         s = self.preemption.victim(head, self._running, self._waiting)
         if s is None:
             return False
-        m = self.model
-        data = m.save_seq(s.slot)
-        if not data or self.suspended_bytes + len(data) > self.max_suspended_bytes:
+        if not self._suspended.hold(s, self.model.save_seq(s.slot)):
             return False
-        self.suspended_bytes += len(data)
-        s.saved = data
         self._running.remove(s)
         self.slots.release(s.slot)
         self._waiting.ended(s.req.client)
-        self._suspended[s.req] = s
         self._waiting.push(s.req, front=True)
         self.stats.preempted += 1
         return True
 
-    def _resume(self, s: Sequence, now: float) -> None:
-        """A suspended sequence takes a free slot again, its KV restored from host memory."""
+    def _resume(self, s: Sequence, data: bytes, now: float) -> None:
+        """A suspended sequence takes a free slot again, its KV (``data``) restored from
+        host memory."""
         m = self.model
         slot = self.slots.take_empty(s.history[: s.n_past], self._running, now)
-        data, s.saved = s.saved, b""
-        self.suspended_bytes -= len(data)
         if not m.load_seq(slot, data):
             log.error("restoring a suspended sequence's %d tokens failed", s.n_past)
             self.slots.release(slot)
             m.free_sampler(s.sampler)
-            self._count("error")
+            self.stats.ended("error")
             s.req.emit(Event("", 0, "error", "the sequence could not be resumed after preemption"))
             return
         s.slot = slot
@@ -515,9 +416,9 @@ class Engine:
         self._waiting.started(s.req.client)
 
     def _admit(self, req: GenRequest, now: float) -> None:
-        suspended = self._suspended.pop(req, None)
+        suspended = self._suspended.take(req)
         if suspended is not None:
-            self._resume(suspended, now)
+            self._resume(*suspended, now)
             return
         m = self.model
         try:
@@ -534,11 +435,7 @@ class Engine:
         s = Sequence(req, slot, sampler, reused, now)
         self._running.append(s)
         self._waiting.started(req.client)
-        st = self.stats
-        st.prompt_tokens += len(req.prompt)
-        st.cached_prompt_tokens += reused
-        st.prompt_tokens_hist.observe(len(req.prompt))
-        st.queue_hist.observe(now - req.arrival)
+        self.stats.admitted(len(req.prompt), reused, now - req.arrival)
         log.debug(
             "admitted to slot %d: %d prompt tokens, %d cached, after %.1f ms",
             slot,
@@ -555,17 +452,12 @@ class Engine:
         st.output_tokens += used
         if s.first_at == 0.0:
             s.first_at = now
-            if req.load_s > 0.0:  # its model loaded for it: a cold start, counted apart
-                st.cold_ttft_hist.observe(now - req.arrival)
-            else:
-                st.ttft_hist.observe(now - req.arrival)
+            st.first_token(now - req.arrival, cold=req.load_s > 0.0)  # its model loaded for it
             if req.estimate > 0.0:  # what admission expected: learn its error
                 self.calibration.learn(now - req.arrival, req.estimate_raw, req.case)
                 st.ttft_ratio_hist.observe((now - req.arrival) / req.estimate)
         else:
-            gap = (now - s.last_at) / used
-            for _ in range(used):
-                st.itl_hist.observe(gap)
+            st.next_tokens((now - s.last_at) / used, used)
         s.last_at = now
         if finish is None:
             if out or used:
@@ -593,13 +485,9 @@ class Engine:
             if reason == "abort":
                 reason, error = "refused", req.refused
         st = self.stats
-        self._count(reason)
+        self.stats.ended(reason)
         if reason in ("stop", "length"):
             self.mean_output = 0.9 * self.mean_output + 0.1 * s.generated
         st.e2e_hist.observe(now - req.arrival)
         st.output_tokens_hist.observe(s.generated)
         req.emit(Event("", tokens, reason, error, s.usage(), s.timing(now)))
-
-    def _count(self, reason: str) -> None:
-        f = self.stats.finished
-        f[reason] = f.get(reason, 0) + 1

@@ -122,6 +122,28 @@ class GenerationStats:
     # what loading it added to the process's resident memory (loaded on demand; 0: not measured)
     resident_bytes: int = 0
 
+    # recorded by the engine thread (llm/engine.py), the single writer
+    def admitted(self, prompt_tokens: int, cached: int, queued_s: float) -> None:
+        """A request took a slot after ``queued_s``, ``cached`` of its prompt's tokens reused."""
+        self.prompt_tokens += prompt_tokens
+        self.cached_prompt_tokens += cached
+        self.prompt_tokens_hist.observe(prompt_tokens)
+        self.queue_hist.observe(queued_s)
+
+    def first_token(self, ttft_s: float, cold: bool) -> None:
+        """A first token, ``ttft_s`` after its request arrived; ``cold``: its model was loaded
+        for it (a cold start, counted apart)."""
+        (self.cold_ttft_hist if cold else self.ttft_hist).observe(ttft_s)
+
+    def next_tokens(self, gap_s: float, n: int) -> None:
+        """``n`` more tokens of a stream, ``gap_s`` apart on average."""
+        for _ in range(n):
+            self.itl_hist.observe(gap_s)
+
+    def ended(self, reason: str) -> None:
+        """A request ended for ``reason`` (stop, length, abort, refused, error)."""
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+
 
 @dataclass(slots=True)
 class ModelStats:
