@@ -166,6 +166,8 @@ class BatchExecute:
     async def close(self) -> None:
         for task in self._probes:
             task.cancel()
+        if self._turn:  # a turn's batch still to run: its requests were accepted, as queued ones were
+            self._flush_turn()
         await self.batcher.close(drain=True)
         for w in self.workers:
             w.close()
@@ -415,7 +417,10 @@ class BatchExecute:
         if self.adaptive is not None:
             self.adaptive.observe(0.0, infer_ns / 1e9)
         for it, outs in zip(turn, per_item, strict=True):
-            it[3](outs, started)
+            try:
+                it[3](outs, started)
+            except Exception:  # a bug in one request's answer: the others are answered
+                log.exception("%s: unexpected error answering a request of a turn's batch", self.label)
 
     def _execute_turn(self, backend: Backend, turn: list[_TurnItem]) -> tuple[list[Arrays], int, int, int]:
         """``_execute`` for a turn's batch."""

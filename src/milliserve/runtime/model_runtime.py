@@ -270,11 +270,17 @@ class ModelRuntime(RoadServable):
                 soon.settle(outputs)
                 return
             t2 = time.perf_counter()
+            try:
+                tensors = execute.tensors(request, outputs)
+            except Exception as exc:  # a bug: answered as the road answers one
+                log.exception("%s: unexpected error splitting a turn's outputs", self.label)
+                done(BackendError(f"internal error running model {self.label!r}: {exc}"), started)
+                return
             response = InferResponse(
                 model_name=self.config.name,
                 model_version=self.version,
                 id=request.id,
-                outputs=execute.tensors(request, outputs),
+                outputs=tensors,
                 timings={"parse": t1 - start, "queue": started - t1, "infer": t2 - started},
                 record_stages=stats.record_stages,
             )

@@ -319,3 +319,27 @@ def test_a_bad_request_in_a_turn_gets_the_roads_answer_alone(
     loop.run_until_complete(asyncio.wait_for(turn(), 30))
     assert bad.answer()[0] == 400 and "features" in json.loads(bad.answer()[2])["error"]
     assert good.answer()[0] == 200
+
+
+def test_a_turn_forming_when_its_model_unloads_is_answered(
+    server: Server, loop: asyncio.AbstractEventLoop, repo: Path
+) -> None:
+    """Requests in a turn's batch were accepted: an unload that comes before the batch runs
+    answers them, as it drains the queued ones, before the model's instances close."""
+    runtime = server.registry.get("fraud_budget")
+    x = features(5)
+
+    async def turn() -> Any:
+        assert runtime.infer_soon(decoded("fraud_budget")) is not None
+        tensor = {"name": "features", "shape": [1, FEATURES], "datatype": "FP32", "data": x.tolist()}
+        request = decode_infer_request(orjson.dumps({"inputs": [tensor]}), None, "fraud_budget", "")
+        soon = runtime.infer_soon(request)
+        assert soon is not None
+        seen: list[Any] = []
+        soon.then(seen.append)
+        await server.registry.unload("fraud_budget")
+        return seen
+
+    seen = loop.run_until_complete(asyncio.wait_for(turn(), 30))
+    assert len(seen) == 1 and isinstance(seen[0], InferResponse), seen
+    np.testing.assert_allclose(seen[0].outputs[0].data[0], reference(x, repo)[0], rtol=1e-5, atol=1e-6)
