@@ -56,6 +56,8 @@ _OCTET = (b"content-type", b"application/octet-stream")
 _HEADER_LEN = b"inference-header-content-length"
 _SERVER_TIMING = b"server-timing"
 _DEADLINE = b"x-request-deadline-ms"
+# the scope's key for a request the express lane decoded and left to the road
+_DECODED = "milliserve.decoded_request"
 _EMPTY_OK = b"{}"
 _TEXT = (b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
 # A body larger than this is decoded off the event loop (JSON numbers cost ~30 ns each).
@@ -299,7 +301,10 @@ class HttpApp:
         shm = self.shm.begin(client[0] if client else None)  # None: shared memory is off
         try:
             reader = shm.input if shm is not None else None
-            if len(body) > OFFLOAD_BODY_BYTES and self._offload is not None:
+            decoded = scope.pop(_DECODED, None)  # by the express lane, which then left it to the road
+            if decoded is not None:
+                request = decoded
+            elif len(body) > OFFLOAD_BODY_BYTES and self._offload is not None:
                 request = await self._offload(decode_infer_request, body, header_len, name, version, reader)
             else:
                 request = decode_infer_request(body, header_len, name, version, reader)
@@ -360,6 +365,9 @@ class HttpApp:
             if response is None:
                 soon = self.dp.infer_soon(request)
                 if soon is None:
+                    # the road's: it takes the request as decoded here (a body the lane
+                    # decodes has no shared memory, deadline or compression to differ)
+                    scope[_DECODED] = request
                     return None
                 return soon.map(lambda r: _answer(r, request, t0, t1, time.perf_counter()), _error_or_raise)
             return _answer(response, request, t0, t1, time.perf_counter())
