@@ -114,6 +114,10 @@ class TracedDataPlane(DataPlane):
         """A traced request takes the road, which records its spans."""
         return None if CURRENT_TRACE.get() is not None else super().infer_now(request)
 
+    def infer_soon(self, request: InferRequest) -> Soon[InferResponse] | None:
+        """A traced request takes the road, which records its spans."""
+        return None if CURRENT_TRACE.get() is not None else super().infer_soon(request)
+
     async def infer(self, request: InferRequest) -> InferResponse:
         trace = CURRENT_TRACE.get()
         if trace is None:

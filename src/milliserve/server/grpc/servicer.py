@@ -28,7 +28,9 @@ from milliserve.observability.timing import finish_stages
 from milliserve.observability.tracing import TracedDataPlane
 from milliserve.protocol import grpc_codec
 from milliserve.protocol.proto import oip_pb2 as pb
+from milliserve.protocol.types import InferResponse
 from milliserve.runtime.dataplane import DataPlane
+from milliserve.runtime.soon import Soon
 from milliserve.server.auth import Auth, Route
 from milliserve.server.shm.service import SharedMemoryService, SharedMemoryUse
 from milliserve.status import status_of
@@ -148,7 +150,12 @@ class Servicer:
         try:
             request = self._decode(req, ctx, shm)
             t1 = time.perf_counter()
-            response = await self.dp.infer(request)
+            # the express lane (as HTTP's): at once where the model's road would not wait,
+            # else in this loop turn's batch, else the road; shared memory takes the road
+            response = self.dp.infer_now(request) if shm is None else None
+            if response is None:
+                soon = self.dp.infer_soon(request) if shm is None else None
+                response = await self.dp.infer(request) if soon is None else await _settled(soon)
             t2 = time.perf_counter()
             written = shm.write_outputs(response) if shm is not None else ()
             out = grpc_codec.encode_infer_response(response, written)
@@ -281,6 +288,24 @@ class SplitInferRequest:
 
 # a ModelInferRequest larger than this is parsed without copying its raw tensor contents
 SPLIT_BYTES = 64 * 1024
+
+
+async def _settled(soon: Soon[InferResponse]) -> InferResponse:
+    """The response a ``Soon`` brings later in this loop turn (a turn's batch), awaited."""
+    future: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
+
+    def settle(value: InferResponse | BaseException) -> None:
+        if future.done():  # the call was cancelled: nobody reads the answer
+            return
+        if isinstance(value, asyncio.CancelledError):
+            future.cancel()
+        elif isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    soon.then(settle)
+    return await future
 
 
 def _parse(cls: Any, raw: bytes | memoryview | None) -> Any:
