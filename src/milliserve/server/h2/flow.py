@@ -6,10 +6,10 @@ and the grant goes back when the message is taken up (``consumed``). Grants are 
 connection (two messages' worth) and over all the connections of a listener together
 (``GrantBudget``), so partial requests cannot fill the memory. A granted stream can always
 finish its message (it has the window for all of it), so waiting for a grant never
-deadlocks. The connection window is given back as data arrives (h2_connection.py), so one
-stalled stream never stops the others.
+deadlocks. The connection window is given back as data arrives (``ConnectionWindow``), so
+one stalled stream never stops the others.
 
-The send side (the client's windows, answers waiting for them) is the connection's own.
+The send side (the client's windows, answers waiting for them) is answers.py's.
 """
 
 from __future__ import annotations
@@ -17,15 +17,50 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from milliserve.server.h2.frames import DEFAULT_WINDOW, WINDOW_UPDATE, frame
+from milliserve.server.h2.frames import (
+    DEFAULT_WINDOW,
+    FLOW_CONTROL_ERROR,
+    WINDOW_UPDATE,
+    Http2ConnectionError,
+    frame,
+)
 from milliserve.server.h2.stream import Stream
 
-__all__ = ["CONN_WINDOW", "STREAM_WINDOW", "GrantBudget", "ReceiveGrants"]
+__all__ = ["CONN_WINDOW", "STREAM_WINDOW", "ConnectionWindow", "GrantBudget", "ReceiveGrants"]
 
 # every stream may send this much before the server grants more (HTTP/2's default window)
 STREAM_WINDOW = DEFAULT_WINDOW
 # the connection's receive window, given back as data arrives
 CONN_WINDOW = 16 * 1024 * 1024
+
+
+class ConnectionWindow:
+    """The connection's receive window: ``CONN_WINDOW`` from the start, given back with
+    WINDOW_UPDATE once half of it has arrived, whether or not the streams took it up."""
+
+    __slots__ = ("_credit", "_write", "left")
+
+    def __init__(self, write: Callable[[bytes], None]) -> None:
+        self._write = write
+        self.left = DEFAULT_WINDOW  # what the client may still send
+        self._credit = 0  # bytes received, not yet given back with WINDOW_UPDATE
+
+    def grow(self) -> bytes:
+        """The WINDOW_UPDATE that opens the window from HTTP/2's default to ``CONN_WINDOW``,
+        sent with the server's SETTINGS."""
+        self.left = CONN_WINDOW
+        return frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", CONN_WINDOW - DEFAULT_WINDOW))
+
+    def received(self, n: int) -> None:
+        """A DATA frame of ``n`` bytes (padding included) arrived."""
+        self.left -= n
+        if self.left < 0:
+            raise Http2ConnectionError(FLOW_CONTROL_ERROR, "data past the connection window")
+        self._credit += n
+        if self._credit >= CONN_WINDOW // 2:
+            self._write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", self._credit)))
+            self.left += self._credit
+            self._credit = 0
 
 
 class GrantBudget:

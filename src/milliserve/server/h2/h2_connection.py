@@ -10,18 +10,21 @@ headers through a per-connection cache (hpack_codec.py) and writes a unary answe
 
 Every limit is per connection and enforced from its first byte (not after the client
 acknowledges SETTINGS):
-- concurrent streams (SETTINGS_MAX_CONCURRENT_STREAMS; a stream past it is refused);
+- concurrent streams (SETTINGS_MAX_CONCURRENT_STREAMS; a stream past it is refused:
+  streams.py);
 - header list size, while decoding, and raw header bytes across CONTINUATION frames
   (header_blocks.py);
 - streams reset by the client per second (Rapid Reset), control frames per second
   (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, RST_STREAM, empty DATA), and ping strikes:
-  past any of them the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed (limits.py);
+  past any of them the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed (limits.py,
+  pings.py);
 - bytes held for answers the client does not read (a zero window, or a socket it does
   not read): past ``max_unread_bytes``, or older than ``unread_timeout_s``, the stream is
   reset and counted; a socket buffer past the limit closes the connection;
 - receive windows: the client may have at most one message's worth per stream and two per
   connection in flight that the server has not taken up (flow.py);
-- the handshake, idle connections, keepalive pings, and connection age;
+- the handshake (peer_settings.py), idle connections, keepalive pings (pings.py), and
+  connection age, checked by the connection's timer each second;
 - the event loop itself: frames are parsed a slice per turn, and new streams are shared out
   between the connections per turn (turns.py), so no flood or burst holds the loop.
 
@@ -38,14 +41,11 @@ from collections.abc import Callable
 from typing import Any
 
 from milliserve.server.h2.answers import Answers
-from milliserve.server.h2.flow import CONN_WINDOW, STREAM_WINDOW, GrantBudget, ReceiveGrants
+from milliserve.server.h2.flow import ConnectionWindow, GrantBudget, ReceiveGrants
 from milliserve.server.h2.frames import (
-    ACK,
     CANCEL,
     CONTINUATION,
     DATA,
-    DEFAULT_WINDOW,
-    END_STREAM,
     ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
@@ -56,25 +56,24 @@ from milliserve.server.h2.frames import (
     MAX_FRAME,
     MAX_WINDOW,
     NO_ERROR,
-    PADDED,
     PING,
     PREFACE,
     PRIORITY,
     PROTOCOL_ERROR,
     PUSH_PROMISE,
-    REFUSED_STREAM,
     RST_STREAM,
     SETTINGS,
     SETTINGS_TIMEOUT,
-    STREAM_CLOSED,
     WINDOW_UPDATE,
-    Http2Calm,
     Http2ConnectionError,
     frame,
 )
-from milliserve.server.h2.header_blocks import HeaderBlock, HeaderBlocks
+from milliserve.server.h2.header_blocks import HeaderBlocks
 from milliserve.server.h2.limits import ConnectionStats, FrameRates, Http2Limits
+from milliserve.server.h2.peer_settings import PeerSettings
+from milliserve.server.h2.pings import Pings
 from milliserve.server.h2.stream import Stream, StreamHandler
+from milliserve.server.h2.streams import Streams
 from milliserve.server.h2.turns import SLICE_FRAMES, TurnBudget
 
 log = logging.getLogger(__name__)
@@ -83,9 +82,11 @@ __all__ = ["Http2Protocol"]
 
 
 class Http2Protocol(asyncio.Protocol):
-    """One client connection: its transport callbacks, the frames it reads, the answers it
-    writes as the client's windows allow, and how it ends. Header blocks, receive grants and
-    frame rates are parts of their own (header_blocks.py, flow.py, limits.py)."""
+    """One client connection: its transport callbacks, the frames it reads and hands to its
+    parts, the client's windows for the answers, its timer, and how it ends. The parts:
+    its streams (streams.py), header blocks (header_blocks.py), SETTINGS (peer_settings.py),
+    pings (pings.py), receive windows (flow.py), answers (answers.py) and frame rates
+    (limits.py)."""
 
     def __init__(
         self,
@@ -102,41 +103,45 @@ class Http2Protocol(asyncio.Protocol):
         self._on_close = on_close
         self.transport: Any = None
         self.peer = ""
-        self.streams: dict[int, Stream] = {}
         self._buf = bytearray()
         self._preface = False
-        self._settings_seen = False
-        self._settings_acked = False
-        self._last_id = 0  # the highest stream the client opened
-        self._peer_window = DEFAULT_WINDOW  # the client's initial stream window
-        self._stream_recv = STREAM_WINDOW
-        self._conn_recv = DEFAULT_WINDOW
-        self._conn_credit = 0  # bytes received, not yet given back with WINDOW_UPDATE
-        self._grants = ReceiveGrants(
-            budget or GrantBudget(limits.max_buffered_bytes),
-            limits.max_message_bytes,
-            self.streams,
-            self._write,
-        )
         self._turns = turns or TurnBudget()
-        self._ping_strikes = 0
-        self._last_ping = 0.0
-        self._keepalive_sent = 0.0
-        self.goaway_sent = False
         self._closing = False
         self._paused = False
         self._read_paused = False  # frames wait in _buf for this connection's turn (turns.py)
         self._drained: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._close_timer: asyncio.TimerHandle | None = None
-        self._loop = asyncio.get_running_loop()
-        self._rates = FrameRates(limits, self._loop.time)
-        self._answers = Answers(limits, stats, self._loop, self._write, self._local_close, self._reset)
+        self._loop = loop = asyncio.get_running_loop()
+        self._rates = FrameRates(limits, loop.time)
+        self._streams = Streams(
+            self,
+            handler,
+            limits,
+            stats,
+            self._rates,
+            loop.time,
+            write=self._write,
+            release=self._forget,
+            on_drained=self._close_soon,
+        )
+        self.streams = self._streams.open
+        self._grants = ReceiveGrants(
+            budget or GrantBudget(limits.max_buffered_bytes),
+            limits.max_message_bytes,
+            self.streams,
+            self._write,
+        )
+        self._answers = Answers(
+            limits, stats, loop, self._write, self._streams.local_close, self._streams.reset
+        )
+        self._window = ConnectionWindow(self._write)
         self._blocks = HeaderBlocks(limits.max_header_list_bytes, self._rates)
-        now = self._loop.time()
+        self._settings = PeerSettings(limits, self._streams, self._answers, self._write)
+        self._pings = Pings(limits, self._answers, loop.time, self._write)
+        now = loop.time()
         self._born = now
         self._last_recv = now
-        self._last_active = now
         self._age_goaway_at = 0.0
 
     # ---- the transport ----
@@ -145,17 +150,7 @@ class Http2Protocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if peer else ""
         self.transport.set_write_buffer_limits(high=256 * 1024)
-        settings = struct.pack(
-            ">HLHLHLHLHL",
-            0x3, self.limits.max_concurrent_streams,  # MAX_CONCURRENT_STREAMS
-            0x4, self._stream_recv,  # INITIAL_WINDOW_SIZE
-            0x5, MAX_FRAME,  # MAX_FRAME_SIZE
-            0x6, self.limits.max_header_list_bytes,  # MAX_HEADER_LIST_SIZE
-            0x2, 0,  # ENABLE_PUSH
-        )  # fmt: skip
-        grow = struct.pack(">L", CONN_WINDOW - DEFAULT_WINDOW)
-        self._conn_recv = CONN_WINDOW
-        self.transport.write(frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, grow))
+        self.transport.write(self._settings.ours() + self._window.grow())
         self._timer = self._loop.call_later(1.0, self._tick)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -165,8 +160,7 @@ class Http2Protocol(asyncio.Protocol):
             self._timer.cancel()
         if self._close_timer is not None:
             self._close_timer.cancel()
-        for stream in list(self.streams.values()):
-            self._drop(stream)
+        self._streams.drop_all()
         self.streams.clear()
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
@@ -268,31 +262,32 @@ class Http2Protocol(asyncio.Protocol):
                 t.resume_reading()
 
     def _frame(self, kind: int, flags: int, sid: int, payload: Any) -> None:
-        if not self._settings_seen and kind != SETTINGS:
+        if not self._settings.seen and kind != SETTINGS:
             raise Http2ConnectionError(PROTOCOL_ERROR, "the first frame was not SETTINGS")
         if self._blocks.sid and kind != CONTINUATION:
             raise Http2ConnectionError(PROTOCOL_ERROR, "a header block was interrupted")
         if kind == DATA:
-            self._data(flags, sid, payload)
+            self._window.received(len(payload))
+            self._streams.data(flags, sid, payload)
         elif kind == HEADERS:
             block = self._blocks.headers(flags, sid, payload)
             if block is not None:
-                self._header_block(block)
+                self._streams.header_block(block)
         elif kind == CONTINUATION:
             block = self._blocks.continuation(flags, sid, payload)
             if block is not None:
-                self._header_block(block)
+                self._streams.header_block(block)
         elif kind == WINDOW_UPDATE:
             self._rates.window_update()
             self._window_update(sid, payload)
         else:
             self._rates.control()
             if kind == RST_STREAM:
-                self._rst(sid, payload)
+                self._streams.rst(sid, payload)
             elif kind == SETTINGS:
-                self._settings(flags, sid, payload)
+                self._settings.received(flags, sid, payload)
             elif kind == PING:
-                self._ping(flags, sid, payload)
+                self._pings.received(flags, sid, payload)
             elif kind == GOAWAY:
                 if sid != 0:
                     raise Http2ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
@@ -308,102 +303,6 @@ class Http2Protocol(asyncio.Protocol):
                 raise Http2ConnectionError(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
             # frames of unknown types are ignored (RFC 9113 §4.1), but counted above
 
-    def _header_block(self, block: HeaderBlock) -> None:
-        """A header block ended: it opens, refuses or ends a stream."""
-        sid = block.stream_id
-        if block.lost:
-            self.goaway_sent = True  # no later block can be decoded: no new streams
-        existing = self.streams.get(sid)
-        if existing is not None:  # trailers from the client: the request ends here
-            if not block.flags & END_STREAM:
-                raise Http2ConnectionError(PROTOCOL_ERROR, "trailers without END_STREAM")
-            existing.remote_closed = True
-            self.handler.data(self, existing)
-            return
-        if sid <= self._last_id:
-            raise Http2ConnectionError(STREAM_CLOSED, f"HEADERS on closed stream {sid}")
-        self._last_id = sid
-        now = self._loop.time()
-        stream = Stream(sid, self._peer_window, self._stream_recv, now)
-        if block.flags & END_STREAM:
-            stream.remote_closed = True
-        if block.overflow:  # answered, then GOAWAY: this stream is the last one
-            self.streams[sid] = stream
-            self.handler.refuse_headers(self, stream, self.limits.max_header_list_bytes)
-            self._write(frame(GOAWAY, 0, 0, struct.pack(">LL", sid, NO_ERROR) + b"header block too large"))
-            if not self.streams:
-                self._close_soon()
-            return
-        if self.goaway_sent:
-            self._write(frame(RST_STREAM, 0, sid, struct.pack(">L", REFUSED_STREAM)))
-            return
-        if len(self.streams) >= self.limits.max_concurrent_streams:
-            # a client that ignores SETTINGS_MAX_CONCURRENT_STREAMS: refused, and counted
-            # with the resets, so that opening and dropping streams stays bounded
-            self.stats.refused_streams += 1
-            self._write(frame(RST_STREAM, 0, sid, struct.pack(">L", REFUSED_STREAM)))
-            self._rates.refused()
-            return
-        self.streams[sid] = stream
-        self._last_active = now
-        if block.too_large:
-            self.handler.refuse_headers(self, stream, self.limits.max_header_list_bytes)
-            return
-        self.handler.open(self, stream, block.headers)
-
-    def _settings(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid != 0:
-            raise Http2ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & ACK:
-            if payload:
-                raise Http2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            self._settings_acked = True
-            return
-        if len(payload) % 6:
-            raise Http2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
-        self._settings_seen = True
-        for i in range(0, len(payload), 6):
-            key, value = struct.unpack_from(">HL", payload, i)
-            if key == 0x4:
-                if value > MAX_WINDOW:
-                    raise Http2ConnectionError(FLOW_CONTROL_ERROR, "initial window too large")
-                delta = value - self._peer_window
-                self._peer_window = value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-                    if stream.send_window > MAX_WINDOW:
-                        raise Http2ConnectionError(FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
-            elif key == 0x2 and value > 1:
-                raise Http2ConnectionError(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}")
-            elif key == 0x5:
-                if not 16384 <= value <= 16777215:
-                    raise Http2ConnectionError(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value}")
-                self._answers.peer_frame = value
-        self._write(frame(SETTINGS, ACK, 0))
-        if self._peer_window > 0:
-            self._answers.flush_all(self.streams)
-
-    def _ping(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid != 0:
-            raise Http2ConnectionError(PROTOCOL_ERROR, "PING on a stream")
-        if len(payload) != 8:
-            raise Http2ConnectionError(FRAME_SIZE_ERROR, "PING of the wrong size")
-        if flags & ACK:
-            self._keepalive_sent = 0.0
-            return
-        now = self._loop.time()
-        # as grpc core: a ping soon after another, with no answer data sent between them, is
-        # a strike; past max_ping_strikes the connection ends (ping floods, CVE-2019-9512)
-        if not self._answers.sent_data and now - self._last_ping < self.limits.min_ping_interval_s:
-            self._ping_strikes += 1
-            if self._ping_strikes > self.limits.max_ping_strikes:
-                raise Http2Calm("too_many_pings")  # the text grpc clients back off on
-        elif self._answers.sent_data:
-            self._ping_strikes = 0
-        self._last_ping = now
-        self._answers.sent_data = False
-        self._write(frame(PING, ACK, 0, payload))
-
     def _window_update(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise Http2ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
@@ -416,75 +315,26 @@ class Http2Protocol(asyncio.Protocol):
                 raise Http2ConnectionError(FLOW_CONTROL_ERROR, "connection window past 2^31-1")
             self._answers.flush_all(self.streams)
             return
-        if sid > self._last_id:
+        if sid > self._streams.last_id:
             raise Http2ConnectionError(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
         stream = self.streams.get(sid)
         if stream is None:
             return
         if inc == 0:
-            self._reset(stream, PROTOCOL_ERROR)
+            self._streams.reset(stream, PROTOCOL_ERROR)
             return
         stream.send_window += inc
         if stream.send_window > MAX_WINDOW:
-            self._reset(stream, FLOW_CONTROL_ERROR)
+            self._streams.reset(stream, FLOW_CONTROL_ERROR)
             return
         self._answers.flush(stream)
-
-    def _rst(self, sid: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise Http2ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
-        if sid == 0 or sid > self._last_id:
-            raise Http2ConnectionError(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
-        self.stats.resets_received += 1
-        self._rates.reset()
-        stream = self.streams.get(sid)
-        if stream is not None:
-            self._drop(stream)
 
     def _closing_by_peer(self) -> None:
         # the client goes away: finish what it asked for, take nothing new
         if not self.streams:
             self._close_soon()
         else:
-            self.goaway_sent = True
-
-    def _data(self, flags: int, sid: int, payload: bytes | memoryview) -> None:
-        n = len(payload)
-        self._conn_recv -= n
-        if self._conn_recv < 0:
-            raise Http2ConnectionError(FLOW_CONTROL_ERROR, "data past the connection window")
-        self._conn_credit += n
-        if self._conn_credit >= CONN_WINDOW // 2:
-            self._write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", self._conn_credit)))
-            self._conn_recv += self._conn_credit
-            self._conn_credit = 0
-        if flags & PADDED:
-            if not payload or payload[0] >= n:
-                raise Http2ConnectionError(PROTOCOL_ERROR, "bad padding")
-            payload = payload[1 : n - payload[0]]
-        stream = self.streams.get(sid)
-        if stream is None or stream.remote_closed:
-            if sid == 0 or sid > self._last_id or stream is not None:
-                code = STREAM_CLOSED if stream else PROTOCOL_ERROR
-                raise Http2ConnectionError(code, "DATA on a closed stream")
-            # a stream reset, refused or finished here: what was on the wire is dropped; tiny
-            # frames count as control frames, as on open streams (an honest client's DATA in
-            # flight after a refusal is a whole message, and a retry storm sends many)
-            if len(payload) < 16:
-                self._rates.control()
-            return
-        if len(payload) < 16 and not flags & END_STREAM:
-            # empty or tiny DATA frames are a flood of their own (CVE-2019-9518): a gRPC
-            # message alone is 5 bytes of prefix and more
-            self._rates.control()
-        stream.recv_window -= n
-        if stream.recv_window < 0:
-            self._reset(stream, FLOW_CONTROL_ERROR)
-            return
-        stream.data += payload
-        if flags & END_STREAM:
-            stream.remote_closed = True
-        self.handler.data(self, stream)
+            self._streams.draining = True
 
     # ---- receive grants (flow.py), for the layer above ----
     def want(self, stream: Stream, more: int) -> None:
@@ -516,51 +366,20 @@ class Http2Protocol(asyncio.Protocol):
         """Wait while more than ``limit`` bytes of this stream's answer wait for its client."""
         await self._answers.writable(stream, limit)
 
-    # ---- closing streams ----
-    def _local_close(self, stream: Stream) -> None:
-        stream.local_closed = True
-        if stream.waiter is not None and not stream.waiter.done():
-            stream.waiter.set_result(None)
-        if not stream.remote_closed:
-            # answered before the request ended (an error): tell the client to stop sending
-            self._write(frame(RST_STREAM, 0, stream.id, struct.pack(">L", NO_ERROR)))
-            stream.remote_closed = True
-        self._forget(stream)
-        self.streams.pop(stream.id, None)
-        self._last_active = self._loop.time()
-        if self.goaway_sent and not self.streams:
-            self._close_soon()
-
+    # ---- closed streams (streams.py) ----
     def _forget(self, stream: Stream) -> None:
         """Let go of what a closed stream holds: its answer bytes, its request bytes, its grant."""
         self._answers.forget(stream)
         stream.data.clear()
         self._grants.forget(stream)
 
-    def _reset(self, stream: Stream, code: int) -> None:
-        """Reset a stream from the server's side (and stop its call)."""
-        self._write(frame(RST_STREAM, 0, stream.id, struct.pack(">L", code)))
-        self._drop(stream)
-
-    def _drop(self, stream: Stream) -> None:
-        if stream.local_closed and stream.id not in self.streams:
-            return
-        stream.local_closed = stream.remote_closed = True
-        self._forget(stream)
-        if stream.waiter is not None and not stream.waiter.done():
-            stream.waiter.set_result(None)
-        self.streams.pop(stream.id, None)
-        self.handler.reset(stream)
-        if self.goaway_sent and not self.streams:
-            self._close_soon()
-
     # ---- ending the connection ----
     def goaway(self, code: int = NO_ERROR, debug: bytes = b"") -> None:
         """Take no new stream; with NO_ERROR the open ones finish first."""
-        if self.goaway_sent and code == NO_ERROR:
+        if self._streams.draining and code == NO_ERROR:
             return
-        self.goaway_sent = True
-        self._write(frame(GOAWAY, 0, 0, struct.pack(">LL", self._last_id, code) + debug[:256]))
+        self._streams.draining = True
+        self._write(frame(GOAWAY, 0, 0, struct.pack(">LL", self._streams.last_id, code) + debug[:256]))
         if code != NO_ERROR:
             self._linger()
         elif not self.streams:
@@ -571,14 +390,12 @@ class Http2Protocol(asyncio.Protocol):
             self.stats.goaway_calm += 1
         else:
             self.stats.protocol_errors += 1
-        for stream in list(self.streams.values()):
-            self._drop(stream)
+        self._streams.drop_all()
         self.goaway(code, reason.encode()[:200])
 
     def close(self) -> None:
         """Stop now: the calls still running are cancelled."""
-        for stream in list(self.streams.values()):
-            self._drop(stream)
+        self._streams.drop_all()
         self._abort()
 
     async def drain(self) -> None:
@@ -634,23 +451,20 @@ class Http2Protocol(asyncio.Protocol):
         now = self._loop.time()
         lim = self.limits
         self._timer = self._loop.call_later(1.0, self._tick)
-        if not self._preface or not self._settings_seen:
+        if not self._preface or not self._settings.seen:
             if now - self._born > lim.handshake_timeout_s:
                 self._abort()
             return
-        if not self._settings_acked and now - self._born > lim.handshake_timeout_s:
+        if not self._settings.acked and now - self._born > lim.handshake_timeout_s:
             self._fail(SETTINGS_TIMEOUT, "SETTINGS not acknowledged")
             return
-        if self._keepalive_sent and now - self._keepalive_sent > lim.keepalive_timeout_s:
+        if not self._pings.keepalive(now, self._last_recv):
             self._abort()  # the peer vanished without a FIN
             return
-        if not self._keepalive_sent and now - self._last_recv > lim.keepalive_time_s:
-            self._keepalive_sent = now
-            self._write(frame(PING, 0, 0, b"keepaliv"))
-        if not self.streams and now - self._last_active > lim.idle_timeout_s:
+        if not self.streams and now - self._streams.last_active > lim.idle_timeout_s:
             self.goaway(NO_ERROR, b"idle")
         if lim.max_connection_age_s and now - self._born > lim.max_connection_age_s:
-            if not self.goaway_sent:
+            if not self._streams.draining:
                 self._age_goaway_at = now
                 self.goaway(NO_ERROR, b"max connection age")
             elif self._age_goaway_at and now - self._age_goaway_at > lim.connection_age_grace_s:
@@ -659,11 +473,11 @@ class Http2Protocol(asyncio.Protocol):
         for stream in list(self.streams.values()):
             if stream.held_since and now - stream.held_since > lim.unread_timeout_s:
                 self.stats.unread_cancelled += 1
-                self._reset(stream, CANCEL)
+                self._streams.reset(stream, CANCEL)
             elif (
                 not stream.remote_closed
                 and stream.call is not None
                 and stream.call.unary
                 and now - stream.opened > lim.request_timeout_s
             ):
-                self._reset(stream, CANCEL)  # a unary request that never finishes arriving
+                self._streams.reset(stream, CANCEL)  # a unary request that never finishes arriving

@@ -1,7 +1,7 @@
 """Header blocks (RFC 9113 §4.3, §6.2, §6.10): a HEADERS frame and its CONTINUATION frames
 are kept (up to a cap) until the block ends, then decoded (hpack_codec.py) within the
-header list limit. What the block then does to a stream (open, refuse, end it) is the
-connection's."""
+header list limit. What the block then does to a stream (open, refuse, end it) is
+streams.py's."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ class Stream:
 
 
 class StreamHandler(Protocol):
-    """The gRPC layer, as the connection (``conn``, a connection.Http2Protocol) sees it."""
+    """The gRPC layer, as the connection (``conn``, an h2_connection.Http2Protocol) sees it."""
 
     def open(self, conn: Any, stream: Stream, headers: list[tuple[bytes, bytes]]) -> None: ...
     def refuse_headers(self, conn: Any, stream: Stream, limit: int) -> None: ...
