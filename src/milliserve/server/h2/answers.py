@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable
 
 from milliserve.server.h2.frames import CANCEL, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM, HEADERS, frame
+from milliserve.server.h2.hpack_codec import TABLE_SIZE_ZERO
 from milliserve.server.h2.limits import ConnectionStats, Http2Limits
 from milliserve.server.h2.stream import Stream
 
@@ -33,6 +34,7 @@ class Answers:
         "peer_frame",
         "sent_data",
         "stats",
+        "table_update",
         "window",
     )
 
@@ -55,10 +57,22 @@ class Answers:
         self.peer_frame = 16384
         self.held = 0
         self.sent_data = True
+        # the client changed SETTINGS_HEADER_TABLE_SIZE: the next header block begins with a
+        # dynamic table size update (RFC 7541 §4.2). Ours is always 0: the encoder writes
+        # literals without indexing and never adds to the table
+        self.table_update = False
+
+    def _block(self, block: bytes) -> bytes:
+        """A header block as it goes out: after a change of the client's table size, the
+        first begins with the size update."""
+        if self.table_update:
+            self.table_update = False
+            return TABLE_SIZE_ZERO + block
+        return block
 
     def trailers_only(self, stream: Stream, block: bytes) -> None:
         """An answer without a body (an error before any response): one HEADERS frame."""
-        self._write(frame(HEADERS, END_STREAM | END_HEADERS, stream.id, block))
+        self._write(frame(HEADERS, END_STREAM | END_HEADERS, stream.id, self._block(block)))
         self.sent_data = True
         self._close(stream)
 
@@ -73,14 +87,14 @@ class Answers:
             stream.send_window -= n
             self.window -= n
             self._write(
-                frame(HEADERS, END_HEADERS, stream.id, head)
+                frame(HEADERS, END_HEADERS, stream.id, self._block(head))
                 + frame(DATA, 0, stream.id, body)
                 + frame(HEADERS, END_STREAM | END_HEADERS, stream.id, trailers)
             )
             self.sent_data = True
             self._close(stream)
             return
-        self._write(frame(HEADERS, END_HEADERS, stream.id, head))
+        self._write(frame(HEADERS, END_HEADERS, stream.id, self._block(head)))
         stream.out_end = trailers
         self._queue(stream, body)
 
@@ -90,7 +104,7 @@ class Answers:
             return
         if head is not None and not stream.started:
             stream.started = True
-            self._write(frame(HEADERS, END_HEADERS, stream.id, head))
+            self._write(frame(HEADERS, END_HEADERS, stream.id, self._block(head)))
         self._queue(stream, body)
 
     def finish(self, stream: Stream, trailers: bytes) -> None:
@@ -133,7 +147,9 @@ class Answers:
         if not out:
             stream.held_since = 0.0
             if stream.out_end is not None:
-                chunks.append(frame(HEADERS, END_STREAM | END_HEADERS, stream.id, stream.out_end))
+                chunks.append(
+                    frame(HEADERS, END_STREAM | END_HEADERS, stream.id, self._block(stream.out_end))
+                )
         if chunks:
             self.sent_data = True
             self._write(b"".join(chunks))

@@ -182,3 +182,8 @@ def _literal_int(value: int, prefix_bits: int, flags: int) -> bytes:
 def literal(name: bytes, value: bytes) -> bytes:
     """One header as a literal without indexing, new name, no Huffman (RFC 7541 §6.2.2)."""
     return b"\x00" + _literal_int(len(name), 7, 0) + name + _literal_int(len(value), 7, 0) + value
+
+
+# a dynamic table size update to 0 (RFC 7541 §6.3): what begins the first header block after
+# the client changes its SETTINGS_HEADER_TABLE_SIZE, for an encoder that never indexes
+TABLE_SIZE_ZERO = _literal_int(0, 5, 0x20)

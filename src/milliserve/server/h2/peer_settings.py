@@ -75,6 +75,8 @@ class PeerSettings:
                 self._streams.initial_window(value)
             elif key == 0x2 and value > 1:
                 raise Http2ConnectionError(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}")
+            elif key == 0x1:  # SETTINGS_HEADER_TABLE_SIZE: the next header block says ours
+                self._answers.table_update = True
             elif key == 0x5:
                 if not 16384 <= value <= 16777215:
                     raise Http2ConnectionError(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value}")
