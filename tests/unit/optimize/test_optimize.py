@@ -147,6 +147,11 @@ def test_cli_ships_a_repository_that_milliserve_serves(
             str(eval_path),
             "--calibration",
             str(calib),
+            # every variant, timed briefly: the test is about what ships and serves, not which wins
+            "--batches",
+            "1,8",
+            "--rounds",
+            "2",
             "--final-rounds",
             "5",
             "--output",
