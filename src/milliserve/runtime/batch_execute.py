@@ -22,7 +22,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from milliserve.runtime.executor import InstanceWorker
 from milliserve.runtime.stats import ModelStats
 from milliserve.runtime.validation import ModelIO, Signature
 
-__all__ = ["BatchExecute", "TurnDone"]
+__all__ = ["BatchExecute", "TurnDone", "TurnItem"]
 
 log = logging.getLogger(__name__)
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -48,16 +49,38 @@ _INLINE_MODES = ("auto", "true", "false")
 
 # what a turn's request gets: its outputs (or the exception in their place), and when its batch started
 TurnDone = Callable[["Arrays | BaseException", float], None]
-# a request in a turn's batch: its inputs, batch size, arrival and ``TurnDone``
-_TurnItem = tuple[Arrays, int, float, TurnDone]
 
 
-def _settle_from_road(item: QueuedRequest, done: TurnDone, future: asyncio.Future[Arrays]) -> None:
+@dataclass(slots=True)
+class TurnItem:
+    """A request in a loop turn's batch (``BatchExecute.join_turn``)."""
+
+    inputs: Arrays
+    batch_size: int
+    signature: Signature
+    work: int  # input elements
+    done: TurnDone
+    deadline: float | None = None  # perf_counter() by which the answer must be out
+    flow: Hashable = None  # the client connection, for the batcher's fairness if it queues
+    arrived: float = 0.0
+
+
+def _answer(item: TurnItem, value: Arrays | BaseException, started: float, label: str) -> None:
+    try:
+        item.done(value, started)
+    except Exception:  # a bug in one request's answer: the others are answered
+        log.exception("%s: unexpected error answering a request of a turn's batch", label)
+
+
+def _settle_from_road(
+    queued: QueuedRequest, item: TurnItem, label: str, future: asyncio.Future[Arrays]
+) -> None:
+    started = queued.dispatched or time.perf_counter()
     if future.cancelled():
-        done(asyncio.CancelledError(), item.dispatched or time.perf_counter())
+        _answer(item, asyncio.CancelledError(), started, label)
         return
     exc = future.exception()
-    done(exc if exc is not None else future.result(), item.dispatched or time.perf_counter())
+    _answer(item, exc if exc is not None else future.result(), started, label)
 
 
 class BatchExecute:
@@ -99,7 +122,7 @@ class BatchExecute:
         self.inline_runs = 0
         self.probe_feeds: Arrays | None = None  # the warmup input, to re-measure the model
         # the requests of this loop turn that run as one batch at its end (join_turn)
-        self._turn: list[_TurnItem] = []
+        self._turn: list[TurnItem] = []
         self._turn_work = 0
         self._turn_items = 0
         self._turn_signature: Signature | None = None
@@ -331,49 +354,51 @@ class BatchExecute:
     def turn_possible(self, work: int) -> bool:
         """Whether a request of ``work`` input elements may join a loop turn's batch
         (``join_turn``): the batcher merges and is idle (``Batcher.turn_open``), and the
-        request alone would run inline."""
+        request alone would run inline, by the lower of the turns' estimate and the inline
+        one (which every run feeds: a turn estimate pushed up by a busy spell comes back
+        down once the turns run again)."""
         if self._wrapped or not self.batcher.turn_open():
             return False
         if self._inline_mode == "true":
             return True
-        per_work = self._turn_per_work
-        return per_work is not None and per_work * work < self.inline_below_s
+        turn, inline = self._turn_per_work, self._inline_per_work
+        if turn is None or inline is None:
+            return False
+        return min(turn, inline) * work < self.inline_below_s
 
-    def join_turn(
-        self, inputs: Arrays, batch_size: int, signature: Signature, work: int, done: TurnDone
-    ) -> None:
+    def join_turn(self, item: TurnItem) -> None:
         """Add a request that ``turn_possible`` let in to this loop turn's batch, which runs
         inline once the loop has read every socket that was ready (``call_soon``): the
         requests that came in one turn share one run of the model, without the road's tasks,
-        futures and queue. ``done`` gets the request's outputs (or the exception in their
-        place) and the time the batch started. A batch that this request would make too
-        large (over ``max_batch_size``, or its compute, estimated from the turns run so
-        far, over ``inline_below_s``), or of another shape, runs now, and this request
-        starts the next."""
+        futures and queue. Its ``done`` gets its outputs (or the exception in their place)
+        and the time the batch started. A batch that this request would make too large
+        (over the batcher's ``max_batch_size``, as budget-driven batching sets it, or its
+        compute, estimated from the turns run so far, over ``inline_below_s``), or of
+        another shape, runs now, and this request starts the next."""
         turn = self._turn
         if turn:
             per_work = self._turn_per_work
             if (
-                signature != self._turn_signature
-                or self._turn_items + batch_size > self.policy.max_batch_size
+                item.signature != self._turn_signature
+                or self._turn_items + item.batch_size > self.batcher.policy.max_batch_size
                 or (
                     self._inline_mode != "true"
                     and per_work is not None
-                    and per_work * (self._turn_work + work) >= self.inline_below_s
+                    and per_work * (self._turn_work + item.work) >= self.inline_below_s
                 )
             ):
                 self._flush_turn()
                 turn = self._turn
         if not turn:
-            self._turn_signature = signature
+            self._turn_signature = item.signature
             if not self._turn_scheduled:
                 self._turn_scheduled = True
                 asyncio.get_running_loop().call_soon(self._run_turn)
-        now = time.perf_counter()
+        item.arrived = now = time.perf_counter()
         self.batcher.arrived_in_turn(now, bool(turn))
-        turn.append((inputs, batch_size, now, done))
-        self._turn_work += work
-        self._turn_items += batch_size
+        turn.append(item)
+        self._turn_work += item.work
+        self._turn_items += item.batch_size
 
     def _run_turn(self) -> None:
         self._turn_scheduled = False
@@ -381,54 +406,72 @@ class BatchExecute:
             self._flush_turn()
 
     def _flush_turn(self) -> None:
-        turn, work, items, signature = self._turn, self._turn_work, self._turn_items, self._turn_signature
+        turn, work, items = self._turn, self._turn_work, self._turn_items
         self._turn, self._turn_work, self._turn_items = [], 0, 0
+        self.batcher.left_turn(len(turn))
         started = time.perf_counter()
         index = self.batcher.take_turn()
         if index is None:  # the road took the instance in between: the turn queues there
-            self._turn_to_road(turn, signature)
+            self._turn_to_road(turn)
             return
+        answers: list[tuple[TurnItem, Arrays | BaseException, float]] = []
+        try:
+            self._run_on(index, turn, work, items, started, answers)
+        finally:
+            self.batcher.give_back(index, started)
+        for it, value, at in answers:  # once the instance is back: an answer may start more work
+            _answer(it, value, at, self.label)
+
+    def _run_on(
+        self,
+        index: int,
+        turn: list[TurnItem],
+        work: int,
+        items: int,
+        started: float,
+        answers: list[tuple[TurnItem, Arrays | BaseException, float]],
+    ) -> None:
+        """Run ``turn``'s batch on the instance ``index``, with an answer in ``answers`` for
+        each of its requests whatever happens: a model error in a batch of several reruns
+        them one by one there (isolation: only the culprit fails), a bug answers each with an
+        internal error."""
         try:
             per_item, in_ns, infer_ns, out_ns = self._execute_turn(self._backends[index], turn)
         except (BackendError, InvalidInputError) as exc:
-            self.batcher.give_back(index, started)
-            if len(turn) > 1:  # isolation: the road reruns them one by one, so only the culprit fails
-                self._turn_to_road(turn, signature)
+            if len(turn) > 1:
+                for it in turn:
+                    self._run_on(index, [it], it.work, it.batch_size, time.perf_counter(), answers)
                 return
-            if isinstance(exc, BackendError):
+            if isinstance(exc, BackendError):  # client data errors are the client's to see, not logs'
                 log.warning("%s: %s", self.label, exc)
-            turn[0][3](exc, started)
+            answers.append((turn[0], exc, started))
             return
         except Exception as exc:  # a bug, not a model failure: still answer every request
-            self.batcher.give_back(index, started)
             log.exception("%s: unexpected error running a batch", self.label)
             err = BackendError(f"internal error running model {self.label!r}: {exc}")
-            for it in turn:
-                it[3](err, started)
+            answers.extend((it, err, started) for it in turn)
             return
-        self.batcher.give_back(index, started)
-        queue_ns = [int((started - it[2]) * 1e9) for it in turn]
-        self._account(started, work, items, queue_ns, True, in_ns, infer_ns, out_ns)
-        per_work = self._turn_per_work
-        if per_work is not None:  # as ``_learn``: a preempted run counts at most twice the estimate
-            self._turn_per_work = per_work + 0.1 * (
-                min(infer_ns / 1e9 / max(work, 1), 2 * per_work) - per_work
-            )
-        if self.adaptive is not None:
-            self.adaptive.observe(0.0, infer_ns / 1e9)
-        for it, outs in zip(turn, per_item, strict=True):
-            try:
-                it[3](outs, started)
-            except Exception:  # a bug in one request's answer: the others are answered
-                log.exception("%s: unexpected error answering a request of a turn's batch", self.label)
+        try:
+            queue_ns = [int((started - it.arrived) * 1e9) for it in turn]
+            self._account(started, work, items, queue_ns, True, in_ns, infer_ns, out_ns)
+            per_work = self._turn_per_work
+            if per_work is not None:  # as ``_learn``: a preempted run counts at most twice the estimate
+                seen = min(infer_ns / 1e9 / max(work, 1), 2 * per_work)
+                self._turn_per_work = per_work + 0.1 * (seen - per_work)
+            if self.adaptive is not None:
+                for it in turn:
+                    self.adaptive.observe(started - it.arrived, infer_ns / 1e9)
+        except Exception:  # a bug in the bookkeeping: the answers still go out
+            log.exception("%s: unexpected error recording a turn's batch", self.label)
+        answers.extend((it, outs, started) for it, outs in zip(turn, per_item, strict=True))
 
-    def _execute_turn(self, backend: Backend, turn: list[_TurnItem]) -> tuple[list[Arrays], int, int, int]:
+    def _execute_turn(self, backend: Backend, turn: list[TurnItem]) -> tuple[list[Arrays], int, int, int]:
         """``_execute`` for a turn's batch."""
         t0 = time.perf_counter_ns()
         if len(turn) == 1:
-            feeds = turn[0][0]
+            feeds = turn[0].inputs
         else:
-            feeds = {n: np.concatenate([it[0][n] for it in turn]) for n in turn[0][0]}
+            feeds = {n: np.concatenate([it.inputs[n] for it in turn]) for n in turn[0].inputs}
         t1 = time.perf_counter_ns()
         outputs = backend.run(feeds, self._outputs)
         t2 = time.perf_counter_ns()
@@ -438,24 +481,27 @@ class BatchExecute:
             per_item = []
             start = 0
             for it in turn:
-                end = start + it[1]
+                end = start + it.batch_size
                 per_item.append({n: a[start:end] for n, a in outputs.items()})
                 start = end
         return per_item, t1 - t0, t2 - t1, time.perf_counter_ns() - t2
 
-    def _turn_to_road(self, turn: list[_TurnItem], signature: Signature | None) -> None:
-        """A turn's requests queued in the batcher, each answered as it comes."""
+    def _turn_to_road(self, turn: list[TurnItem]) -> None:
+        """A turn's requests queued in the batcher (with their deadlines and clients; their
+        arrivals were counted when they joined the turn), each answered as it comes."""
         loop = asyncio.get_running_loop()
         timeout_s = self.policy.timeout_s(None)
-        for inputs, batch_size, arrived, done in turn:
+        for it in turn:
             future: asyncio.Future[Arrays] = loop.create_future()
-            item = QueuedRequest(inputs, batch_size, signature or (), future, enqueued=arrived)
+            queued = QueuedRequest(it.inputs, it.batch_size, it.signature, future, enqueued=it.arrived)
+            queued.deadline = it.deadline
+            queued.flow = it.flow
             try:
-                self.batcher.submit(item, timeout_s)
+                self.batcher.submit(queued, timeout_s, counted=True)
             except Exception as exc:
-                done(exc, time.perf_counter())
+                _answer(it, exc, time.perf_counter(), self.label)
                 continue
-            future.add_done_callback(functools.partial(_settle_from_road, item, done))
+            future.add_done_callback(functools.partial(_settle_from_road, queued, it, self.label))
 
     def run_now(self, inputs: Arrays, batch_size: int, work: int) -> tuple[Arrays, int]:
         """``inputs`` computed at once on this thread, as ``__call__`` would have run them after

@@ -183,6 +183,7 @@ class Batcher:
         # costs about what a turn of the loop does; more where a batch's fixed cost is large
         self.gather_turns = 1
         self._gathering = 0  # requests yielding for companions right now (they count as pending)
+        self._in_turn = 0  # requests in a loop turn's batch not yet run (BatchExecute.join_turn)
         self._gather_count = 0
         self.busy_s = 0.0  # instance-seconds spent running batches (budget-driven batching reads it)
         # asyncio objects are made in start(), inside the running loop
@@ -202,8 +203,8 @@ class Batcher:
         return len(self._free)
 
     def pending(self) -> int:
-        """Requests accepted and not yet answered: queued plus running."""
-        return self._size + self._inflight_items
+        """Requests accepted and not yet answered: queued, in a loop turn's batch, running."""
+        return self._size + self._in_turn + self._inflight_items
 
     async def start(self) -> None:
         self._wakeup = asyncio.Event()
@@ -282,10 +283,11 @@ class Batcher:
             total += it.batch_size
         return batch
 
-    def submit(self, item: QueuedRequest, timeout_s: float | None) -> None:
+    def submit(self, item: QueuedRequest, timeout_s: float | None, counted: bool = False) -> None:
         """Queue a request; its future resolves with the outputs. Raises at once when the
-        queue is full or the batcher is closing."""
-        self._admit(item)
+        queue is full or the batcher is closing. ``counted``: its arrival is in the estimates
+        already (it joined a turn's batch first)."""
+        self._admit(item, counted)
         self._enqueue(item, timeout_s)
 
     def alone_now(self) -> bool:
@@ -315,11 +317,17 @@ class Batcher:
         return self.policy.merge and not (self._closed or self._size or not self._free or self._gathering)
 
     def arrived_in_turn(self, now: float, companions: bool) -> None:
-        """A request joining a turn's batch, counted as ``take_alone`` counts an arrival; one
-        that finds ``companions`` in the turn overlapped them."""
+        """A request joining a turn's batch, counted as ``take_alone`` counts an arrival (one
+        that finds ``companions`` in the turn overlapped them), and among the pending ones
+        until its turn runs (``left_turn``)."""
         if self.gather_ready:
             self._gather_count += 1  # as ``_gather_now`` counts
         self._arrived(now, companions)
+        self._in_turn += 1
+
+    def left_turn(self, requests: int) -> None:
+        """A turn's batch of ``requests`` runs now (or queues here): no longer pending apart."""
+        self._in_turn -= requests
 
     def take_turn(self) -> int | None:
         """An idle instance for a turn's batch, if ``turn_open`` still holds; None: it no
@@ -332,13 +340,14 @@ class Batcher:
         self.busy_s += time.perf_counter() - started
         self._free.append(index)
 
-    def _admit(self, item: QueuedRequest) -> None:
+    def _admit(self, item: QueuedRequest, counted: bool = False) -> None:
         if self._closed:
             raise ServerShuttingDownError(f"model {self.policy.label!r} is unloading or shutting down")
         limit = self.policy.max_queue_size
         if limit and self._size >= limit:
             self._make_room(item.flow, limit)
-        self._arrived(item.enqueued)
+        if not counted:
+            self._arrived(item.enqueued)
 
     def _arrived(self, now: float, companions: bool = False) -> None:
         """A request's arrival, in the estimates of the arrival gap and of overlap."""

@@ -30,7 +30,7 @@ from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.road import Around, Stage, Step, build_road
 from milliserve.runtime.autocomplete import complete_config
-from milliserve.runtime.batch_execute import BatchExecute
+from milliserve.runtime.batch_execute import BatchExecute, TurnItem
 from milliserve.runtime.batcher import BatchPolicy
 from milliserve.runtime.deadline import LatencyEstimator, request_deadline
 from milliserve.runtime.executor import Executor
@@ -287,7 +287,8 @@ class ModelRuntime(RoadServable):
             stats.record_request(time.perf_counter_ns() - t0, None)
             soon.settle(response)
 
-        execute.join_turn({t.name: t.data for t in inputs}, batch_size, signature, work, done)
+        inputs_of = {t.name: t.data for t in inputs}
+        execute.join_turn(TurnItem(inputs_of, batch_size, signature, work, done, deadline, request.client))
         return soon
 
     # ---- loading ----

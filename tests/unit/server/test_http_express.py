@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -321,6 +322,58 @@ def test_a_bad_request_in_a_turn_gets_the_roads_answer_alone(
     loop.run_until_complete(asyncio.wait_for(turn(), 30))
     assert bad.answer()[0] == 400 and "features" in json.loads(bad.answer()[2])["error"]
     assert good.answer()[0] == 200
+
+
+def test_a_turn_that_finds_its_instance_taken_queues_with_its_deadline_and_client(
+    server: Server, loop: asyncio.AbstractEventLoop, repo: Path
+) -> None:
+    """Where the road took the instance between a turn's first request and its run, the
+    turn's requests queue in the batcher as the road's would: with their deadlines and
+    clients, their arrivals counted once, and answered when the instance is back."""
+    runtime = server.registry.get("fraud_mlp")
+    execute = runtime.execute
+    batcher = execute.batcher
+    x = features(21)
+
+    async def turn() -> tuple[list[Any], list[Any]]:
+        tensor = {"name": "features", "shape": [1, FEATURES], "datatype": "FP32", "data": x.tolist()}
+        request = decode_infer_request(orjson.dumps({"inputs": [tensor]}), None, "fraud_mlp", "")
+        request.client = ("10.0.0.7", 4242)
+        request.deadline = time.perf_counter() + 30
+        soon = runtime.infer_soon(request)
+        assert soon is not None
+        assert batcher.pending() >= 1  # waiting in the turn, it counts as pending
+        seen: list[Any] = []
+        soon.then(seen.append)
+        gap = batcher._gap
+        index = batcher._free.pop()  # the road takes the instance before the turn runs
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        queued = [it for q in batcher._queues for it in q]
+        assert batcher._gap == gap  # not counted again as it queued
+        batcher.give_back(index, time.perf_counter())
+        batcher._wakeup.set()
+        while not seen:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+        return queued, seen
+
+    queued, seen = loop.run_until_complete(asyncio.wait_for(turn(), 30))
+    assert len(queued) == 1
+    assert queued[0].deadline is not None and queued[0].flow == ("10.0.0.7", 4242)
+    assert isinstance(seen[0], InferResponse)
+    np.testing.assert_allclose(seen[0].outputs[0].data[0], reference(x, repo)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_turn_estimate_pushed_up_comes_back_down(server: Server) -> None:
+    """A busy spell that pushed the turns' estimate over the inline bound does not keep
+    requests off the turns for good: the inline estimate, which every run feeds, lets them in."""
+    execute = server.registry.get("fraud_mlp").execute
+    saved = execute._turn_per_work
+    try:
+        execute._turn_per_work = 1.0  # a second per element: no turn would ever run again
+        assert execute.turn_possible(FEATURES)
+    finally:
+        execute._turn_per_work = saved
 
 
 def test_a_turn_forming_when_its_model_unloads_is_answered(

@@ -369,7 +369,7 @@ class HttpApp:
                     # decodes has no shared memory, deadline or compression to differ)
                     scope[_DECODED] = request
                     return None
-                return soon.map(lambda r: _answer(r, request, t0, t1, time.perf_counter()), _error_or_raise)
+                return soon.map(lambda r: _answer_or_refusal(r, request, t0, t1), _error_or_raise)
             return _answer(response, request, t0, t1, time.perf_counter())
         except MilliserveError as exc:
             return _error_answer(exc)
@@ -446,6 +446,15 @@ def _answer(
     if out_header_len is None:
         return 200, out, [_JSON, timing]
     return 200, out, [_OCTET, (_HEADER_LEN, str(out_header_len).encode()), timing]
+
+
+def _answer_or_refusal(response: InferResponse, request: InferRequest, t0: float, t1: float) -> Answer:
+    """``_answer`` for a response that came later in the loop's turn, or the refusal its
+    encoding raised (as the road and the lane at once would answer it)."""
+    try:
+        return _answer(response, request, t0, t1, time.perf_counter())
+    except MilliserveError as exc:
+        return _error_answer(exc)
 
 
 def _error_or_raise(exc: BaseException) -> Answer | BaseException:
