@@ -384,9 +384,13 @@ def test_auto_answers_with_content_or_valid_calls(llm_server: ServerProcess) -> 
                     temperature=0,
                 )
                 if calls:
-                    assert finish == "tool_calls" and not content
-                    for c in calls:
-                        jsonschema.validate(json.loads(c["arguments"]), SCHEMAS["get_weather"])
+                    assert not content  # a call never shows as content, even cut short
+                    # greedy answers differ between CPUs (AVX2 or AVX-512 kernels): a call
+                    # may be cut by max_tokens on one, which is "length", as OpenAI's is
+                    assert finish in ("tool_calls", "length")
+                    if finish == "tool_calls":
+                        for c in calls:
+                            jsonschema.validate(json.loads(c["arguments"]), SCHEMAS["get_weather"])
                 else:
                     assert finish in ("stop", "length") and not content.startswith('{"')
 
