@@ -104,3 +104,16 @@ def test_the_demo_refuses_naming_every_missing_package_and_the_command(tmp_path:
     assert "sympy" in r.stderr and "matplotlib" in r.stderr and "tritonclient" not in r.stderr
     assert "pip install 'milliserve[client]'" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "repo").exists()  # refused before building anything
+
+
+def test_only_a_package_the_client_extra_installs_stops_the_sentiment_build() -> None:
+    """The README's first command installs the client extra, not PyTorch: ``bert_fused``
+    skipped for want of torch (ONNX Runtime's transformer optimizer imports it) is reported
+    and the build goes on; a variant skipped for sympy stops it with the install command."""
+    from milliserve.examples.sentiment_pipeline import client_package_missing
+
+    assert not client_package_missing("ModuleNotFoundError: No module named 'torch'")
+    assert not client_package_missing("ModuleNotFoundError: No module named 'torch.onnx'")
+    assert not client_package_missing("no BERT-like attention found to fuse")
+    assert client_package_missing("ModuleNotFoundError: No module named 'sympy'")
+    assert client_package_missing("ImportError: cannot import name 'x' from partially initialized module")
