@@ -228,9 +228,11 @@ class BatchExecute:
         return [InferTensor(n, specs[n].datatype, outputs[n].shape, outputs[n]) for n in wanted]
 
     # ---- batches ----
-    def _execute(self, backend: Backend, batch: list[QueuedRequest]) -> tuple[list[Arrays], int, int, int]:
-        """Assemble, run, split (on a worker thread or inline). Returns per-request outputs
-        and the nanoseconds of each phase."""
+    def _execute(
+        self, backend: Backend, batch: Sequence[QueuedRequest] | Sequence[TurnItem]
+    ) -> tuple[list[Arrays], int, int, int]:
+        """Assemble, run, split (on a worker thread or inline; a queue's batch or a loop
+        turn's). Returns per-request outputs and the nanoseconds of each phase."""
         t0 = time.perf_counter_ns()
         if len(batch) == 1:
             feeds = batch[0].inputs
@@ -436,7 +438,7 @@ class BatchExecute:
         them one by one there (isolation: only the culprit fails), a bug answers each with an
         internal error."""
         try:
-            per_item, in_ns, infer_ns, out_ns = self._execute_turn(self._backends[index], turn)
+            per_item, in_ns, infer_ns, out_ns = self._execute(self._backends[index], turn)
         except (BackendError, InvalidInputError) as exc:
             if len(turn) > 1:
                 for it in turn:
@@ -464,27 +466,6 @@ class BatchExecute:
         except Exception:  # a bug in the bookkeeping: the answers still go out
             log.exception("%s: unexpected error recording a turn's batch", self.label)
         answers.extend((it, outs, started) for it, outs in zip(turn, per_item, strict=True))
-
-    def _execute_turn(self, backend: Backend, turn: list[TurnItem]) -> tuple[list[Arrays], int, int, int]:
-        """``_execute`` for a turn's batch."""
-        t0 = time.perf_counter_ns()
-        if len(turn) == 1:
-            feeds = turn[0].inputs
-        else:
-            feeds = {n: np.concatenate([it.inputs[n] for it in turn]) for n in turn[0].inputs}
-        t1 = time.perf_counter_ns()
-        outputs = backend.run(feeds, self._outputs)
-        t2 = time.perf_counter_ns()
-        if len(turn) == 1:
-            per_item = [outputs]
-        else:
-            per_item = []
-            start = 0
-            for it in turn:
-                end = start + it.batch_size
-                per_item.append({n: a[start:end] for n, a in outputs.items()})
-                start = end
-        return per_item, t1 - t0, t2 - t1, time.perf_counter_ns() - t2
 
     def _turn_to_road(self, turn: list[TurnItem]) -> None:
         """A turn's requests queued in the batcher (with their deadlines and clients; their

@@ -40,7 +40,7 @@ from milliserve.runtime.soon import Soon
 from milliserve.runtime.stages import Admit, Deadline, StepStage, Validate, cache_stage
 from milliserve.runtime.stall import stall_injectors
 from milliserve.runtime.stats import ModelStats
-from milliserve.runtime.validation import model_io, validate_request
+from milliserve.runtime.validation import Signature, model_io, validate_request
 from milliserve.status import status_of
 
 __all__ = ["COLOCATE_BELOW_S", "ModelRuntime", "batch_policy", "model_steps"]
@@ -186,6 +186,19 @@ class ModelRuntime(RoadServable):
         # admission, an inline run (no pipeline steps in front, no cache around it)
         self._express = not steps and cache is None
 
+    def _admitted(
+        self, request: InferRequest, execute: BatchExecute, work: int, start: float
+    ) -> tuple[int, Signature, float | None]:
+        """The express lane's road before the run: validated, its deadline (or budget) set
+        and admitted against it (``Admit.check``). Raises as the road's stages raise."""
+        batch_size, signature = validate_request(request, self.io)
+        deadline = request_deadline(
+            request.deadline, request.parameters, start, self._budget_s, execute.policy.delay_on_timeout
+        )
+        if deadline is not None:
+            self._admit.check(deadline, work)
+        return batch_size, signature, deadline
+
     def infer_now(self, request: InferRequest) -> InferResponse | None:
         """The express lane (docs/design.md, "The express lane"): a request that would walk
         this model's road without waiting anywhere (no pipeline steps, no cache, nothing
@@ -206,12 +219,7 @@ class ModelRuntime(RoadServable):
         t0 = time.perf_counter_ns()
         start = t0 / 1e9
         try:
-            batch_size, _ = validate_request(request, self.io)
-            deadline = request_deadline(
-                request.deadline, request.parameters, start, self._budget_s, execute.policy.delay_on_timeout
-            )
-            if deadline is not None:
-                self._admit.check(deadline, work)
+            batch_size, _, _ = self._admitted(request, execute, work, start)
             t1 = time.perf_counter()
             outputs, infer_ns = execute.run_now({t.name: t.data for t in inputs}, batch_size, work)
             t2 = time.perf_counter()
@@ -252,12 +260,7 @@ class ModelRuntime(RoadServable):
         start = t0 / 1e9
         stats = self.stats
         try:
-            batch_size, signature = validate_request(request, self.io)
-            deadline = request_deadline(
-                request.deadline, request.parameters, start, self._budget_s, execute.policy.delay_on_timeout
-            )
-            if deadline is not None:
-                self._admit.check(deadline, work)
+            batch_size, signature, deadline = self._admitted(request, execute, work, start)
         except BaseException as exc:
             stats.record_request(time.perf_counter_ns() - t0, status_of(exc).reason)
             raise
