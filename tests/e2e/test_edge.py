@@ -152,14 +152,25 @@ def _compare(page: Any, origin: str, model: str = "sentiment") -> list[float]:
     return diffs
 
 
-def test_the_page_answers_in_the_browser_as_the_server_does(browser: Any, origin: str) -> None:
+def test_the_page_answers_in_the_browser_as_the_server_does(
+    browser: Any, origin: str, example_repo: Path
+) -> None:
+    from milliserve.edge.bundle import model_precision
+
     page, refused = _open(browser, origin, "?budget_ms=100000")
     state, reason = _settled(page)
     assert state == "ready", reason
     assert page.evaluate("crossOriginIsolated") is True
-    assert page.evaluate("window.milliserve.client.manifest.model.precision") == "int8 (dynamic)"
+    # the bundle carries the variant optimize shipped: INT8 (dynamic) where it measured faster
+    # than FP32 beyond the spread of its rounds, FP32 where it could not tell (a busy machine)
+    shipped = model_precision(example_repo / "sentiment_model" / "1" / "model.onnx")
+    assert shipped in ("int8 (dynamic)", "fp32")
+    assert page.evaluate("window.milliserve.client.manifest.model.precision") == shipped
     diffs = _compare(page, origin)
-    assert max(diffs) <= INT8_MAX_TOLERANCE and sum(diffs) / len(diffs) <= INT8_MEAN_TOLERANCE, diffs
+    if shipped == "fp32":
+        assert max(diffs) <= FP32_TOLERANCE, diffs
+    else:
+        assert max(diffs) <= INT8_MAX_TOLERANCE and sum(diffs) / len(diffs) <= INT8_MEAN_TOLERANCE, diffs
     # and as a person would: type, press the button, read the answer off the page
     shown = page.evaluate("window.milliserve.answers.length")
     page.fill("#text", "What a lovely surprise, thank you all!")
@@ -527,6 +538,14 @@ def test_webgpu_bundles_ship_one_flavour_and_check_their_options(bundles: Path, 
         build_bundle(example_repo / "fraud_mlp", out, provider="webgpu")
     with pytest.raises(ConfigError, match="add --webgpu"):
         build_bundle(example_repo / "fraud_mlp", out, fp16=True)
-    with pytest.raises(ConfigError, match="--fp16 converts an FP32 model"):
-        build_bundle(example_repo / "sentiment", out, webgpu="jspi", fp16=True)
-    assert not (out / "sentiment").exists()
+    # an INT8 model is refused --fp16: made here, as the example's shipped variant depends on
+    # what optimize measured on this machine
+    from onnxruntime.quantization import quantize_dynamic
+
+    int8 = example_repo.parent / "edge-int8" / "fraud_mlp"
+    (int8 / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copy(example_repo / "fraud_mlp" / "config.pbtxt", int8 / "config.pbtxt")
+    quantize_dynamic(str(example_repo / "fraud_mlp" / "1" / "model.onnx"), str(int8 / "1" / "model.onnx"))
+    with pytest.raises(ConfigError, match="--fp16 converts an FP32 model .* is int8 \\(dynamic\\)"):
+        build_bundle(int8, out, webgpu="jspi", fp16=True)
+    assert not (out / "fraud_mlp").exists()
