@@ -60,11 +60,14 @@ def _onnx(path: Path, shape: list[Any], scale: float) -> None:
 
 
 def _big(path: Path) -> None:
-    """y = x + K with an 8 MiB K: a model file several download chunks long."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, 2048])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 2048])
+    """y = x + K with a 32 MiB K: a model file many download chunks long, and several times
+    what the sockets between a server and a client that stopped reading can hold (the
+    server's send buffer grows to 4 MiB here), so that a download abandoned on a busy
+    machine, where the client is slow to go, still shows whether the reading stopped."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4096, 2048])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4096, 2048])
     k = helper.make_tensor(
-        "k", TensorProto.FLOAT, [1024, 2048], np.ones(1024 * 2048, np.float32).tobytes(), raw=True
+        "k", TensorProto.FLOAT, [4096, 2048], np.ones(4096 * 2048, np.float32).tobytes(), raw=True
     )
     graph = helper.make_graph([helper.make_node("Add", ["x", "k"], ["y"])], "g", [x], [y], [k])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
