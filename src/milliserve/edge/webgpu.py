@@ -110,16 +110,26 @@ def half_model(source: Path, staging: Path, precision: str) -> dict[str, Any]:
     half = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
     data = half.SerializeToString()
     name = f"model_half.{hashlib.sha256(data).hexdigest()[:12]}.onnx"
-    (staging / name).write_bytes(data)
     feeds = _sample(source)
     full = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feeds)
-    halved = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+    try:
+        session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # e.g. a graph with ONNX Runtime's own fused ops, saved offline
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"{source}: its FP16 copy, made by ONNX Runtime's float16 converter, does not load "
+            f"({reason}); a graph saved after ONNX Runtime's offline optimisations (optimize's "
+            "ort_optimized) is one it cannot convert: add --fp16 to the model before those "
+            "(--model-file), or drop --fp16"
+        ) from None
+    halved = session.run(None, feeds)
     diff = max(
         float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
         for a, b in zip(full, halved, strict=True)
     )
     if not math.isfinite(diff):
         raise ConfigError(f"{source}: its FP16 copy gives non-finite outputs (values beyond FP16's range)")
+    (staging / name).write_bytes(data)
     return {
         "file": name,
         "bytes": len(data),
