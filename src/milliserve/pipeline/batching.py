@@ -48,7 +48,9 @@ from milliserve.errors import BackendError, ConfigError, DeadlineUnmeetableError
 from milliserve.features.tokenize import TokenizerStep
 from milliserve.protocol.types import InferRequest, InferTensor
 from milliserve.road import BatchCall, Call, Outputs, SpanLog, Step
-from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
+from milliserve.runtime.batch_policy import BatchPolicy
+from milliserve.runtime.batcher import Batcher
+from milliserve.runtime.queued_request import QueuedRequest
 from milliserve.runtime.validation import Signature
 
 __all__ = ["BatchedSteps", "batching_wanted"]

@@ -29,7 +29,8 @@ import dataclasses
 import time
 from collections import deque
 
-from milliserve.runtime.batcher import Batcher, BatchPolicy
+from milliserve.runtime.batch_policy import BatchPolicy
+from milliserve.runtime.batcher import Batcher
 
 __all__ = ["AdaptiveBatching"]
 

@@ -35,21 +35,20 @@ import contextlib
 import functools
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 
 from milliserve.errors import (
-    InvalidInputError,
     QueueFullError,
     QueueTimeoutError,
     ServerShuttingDownError,
 )
-from milliserve.runtime.validation import Signature
+from milliserve.runtime.batch_policy import BatchPolicy
+from milliserve.runtime.queued_request import QueuedRequest, Runner, round_robin
 
-__all__ = ["BatchPolicy", "Batcher", "QueuedRequest", "Runner"]
+__all__ = ["Batcher"]
 
 # Weight of the newest observation in the running estimates.
 _GAP_ALPHA = 0.2
@@ -60,96 +59,6 @@ _MIN_OVERLAP = 0.5
 def _drop_result(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-@dataclass(frozen=True, slots=True)
-class BatchPolicy:
-    """Batching and queueing rules of one model version."""
-
-    label: str
-    merge: bool = False  # dynamic batching on: requests may share a batch
-    max_batch_size: int = 1
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_delay_s: float = 0.0
-    priority_levels: int = 0
-    default_priority_level: int = 0
-    max_queue_size: int = 0
-    default_timeout_us: int = 0
-    allow_timeout_override: bool = False
-    delay_on_timeout: bool = False  # timeout_action DELAY instead of REJECT
-
-    def target_batch(self) -> int:
-        return max(self.preferred_batch_sizes) if self.preferred_batch_sizes else self.max_batch_size
-
-    def priority_index(self, requested: Any) -> int:
-        """Queue index for a request's ``priority`` parameter (0 = config default)."""
-        if not self.priority_levels:
-            return 0
-        level = requested if requested else self.default_priority_level
-        if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= self.priority_levels:
-            raise InvalidInputError(
-                f"parameter 'priority' must be an integer in 1..{self.priority_levels} for model "
-                f"{self.label!r}, got {requested!r}"
-            )
-        return level - 1
-
-    def timeout_s(self, requested: Any) -> float | None:
-        """The queue timeout for a request's ``timeout`` parameter (µs), or None for none."""
-        us = self.default_timeout_us
-        if requested is not None:
-            if not isinstance(requested, int) or isinstance(requested, bool) or requested < 0:
-                raise InvalidInputError(
-                    f"parameter 'timeout' must be a non-negative integer (microseconds), got {requested!r}"
-                )
-            if self.allow_timeout_override or not us or requested < us:
-                us = requested
-        return us / 1e6 if us else None
-
-
-@dataclass(slots=True, eq=False, repr=False)
-class QueuedRequest:
-    """A validated request waiting for an instance. Compared by identity, and its repr names
-    its tensors' shapes without their values: ``deque.remove`` formats a missing item's repr
-    into its ValueError, and numpy's formatting of one small tensor costs ~0.5 ms, so 4,000
-    cancelled requests held the event loop for 2 s (issue 24, item 5)."""
-
-    inputs: dict[str, np.ndarray[Any, Any]]
-    batch_size: int
-    signature: Signature
-    future: asyncio.Future[dict[str, np.ndarray[Any, Any]]]
-    priority: int = 0
-    enqueued: float = field(default_factory=time.perf_counter)
-    expired: bool = False
-    dispatched: float = 0.0
-    deadline: float | None = None  # perf_counter() by which the answer must be out
-    timer: asyncio.TimerHandle | None = None
-    # the client connection it came on (InferRequest.client), for fairness; None: unknown
-    flow: Hashable = None
-
-    def __repr__(self) -> str:
-        shapes = ", ".join(f"{k}: {list(v.shape)}" for k, v in self.inputs.items())
-        return f"QueuedRequest({{{shapes}}}, batch_size={self.batch_size}, priority={self.priority})"
-
-
-Runner = Callable[[list[QueuedRequest], int], Awaitable[None]]
-
-
-def _round_robin(items: list[QueuedRequest]) -> list[QueuedRequest]:
-    """``items`` (in arrival order) with the flows taking turns: every flow's first request
-    in arrival order, then every flow's second, and so on."""
-    if len(items) < 2:
-        return items
-    seen: dict[Hashable, int] = {}
-    rounds: list[list[QueuedRequest]] = []
-    for it in items:
-        n = seen.get(it.flow, 0)
-        seen[it.flow] = n + 1
-        if n == len(rounds):
-            rounds.append([])
-        rounds[n].append(it)
-    if len(seen) == 1:  # one flow: its own order
-        return items
-    return [it for r in rounds for it in r]
 
 
 class Batcher:
@@ -183,7 +92,7 @@ class Batcher:
         # costs about what a turn of the loop does; more where a batch's fixed cost is large
         self.gather_turns = 1
         self._gathering = 0  # requests yielding for companions right now (they count as pending)
-        self._in_turn = 0  # requests in a loop turn's batch not yet run (BatchExecute.join_turn)
+        self._in_turn = 0  # requests in a loop turn's batch not yet run (LoopTurn.join)
         self._gather_count = 0
         self.busy_s = 0.0  # instance-seconds spent running batches (budget-driven batching reads it)
         # asyncio objects are made in start(), inside the running loop
@@ -311,7 +220,7 @@ class Batcher:
         return self._free.pop()
 
     def turn_open(self) -> bool:
-        """Whether a request may join a turn's batch (``BatchExecute.join_turn``): the
+        """Whether a request may join a turn's batch (``LoopTurn.join``): the
         batcher open and merging, nothing queued, an instance free and nobody gathering, as
         ``alone_now`` asks, whatever the overlap."""
         return self.policy.merge and not (self._closed or self._size or not self._free or self._gathering)
@@ -474,8 +383,8 @@ class Batcher:
             fresh: list[QueuedRequest] = []
             for it in q:
                 (late if it.expired else fresh).append(it)
-            items += _round_robin(fresh)
-        return items + _round_robin(late) if late else items
+            items += round_robin(fresh)
+        return items + round_robin(late) if late else items
 
     def _collect(self) -> list[QueuedRequest]:
         batch: list[QueuedRequest] = []

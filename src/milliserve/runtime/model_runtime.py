@@ -30,10 +30,11 @@ from milliserve.protocol.datatypes import BYTES, oip_to_numpy
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.road import Around, Stage, Step, build_road
 from milliserve.runtime.autocomplete import complete_config
-from milliserve.runtime.batch_execute import BatchExecute, TurnItem
-from milliserve.runtime.batcher import BatchPolicy
+from milliserve.runtime.batch_execute import BatchExecute
+from milliserve.runtime.batch_policy import BatchPolicy
 from milliserve.runtime.deadline import LatencyEstimator, request_deadline
 from milliserve.runtime.executor import Executor
+from milliserve.runtime.loop_turn import TurnItem
 from milliserve.runtime.sequence_execute import SequenceExecute
 from milliserve.runtime.servable import ClientInputs, RoadServable
 from milliserve.runtime.soon import Soon
@@ -242,7 +243,7 @@ class ModelRuntime(RoadServable):
         """The express lane under load (docs/design.md, "The express lane"): a request that
         ``infer_now`` would not run at once because requests overlap (or a batch is forming
         in this loop turn) joins the turn's batch, which runs inline once the loop has read
-        every ready socket (``BatchExecute.join_turn``): concurrent clients share one run of
+        every ready socket (``LoopTurn.join``): concurrent clients share one run of
         the model, as the road's batcher would have them, without its tasks and futures.
         Validated and admitted here (errors raised as the road raises them); the response
         settles the returned ``Soon``. None: take the road."""
@@ -254,7 +255,7 @@ class ModelRuntime(RoadServable):
         work = 0
         for t in inputs:
             work += t.data.size
-        if not execute.turn_possible(work):
+        if not execute.turn.possible(work):
             return None
         t0 = time.perf_counter_ns()
         start = t0 / 1e9
@@ -291,7 +292,7 @@ class ModelRuntime(RoadServable):
             soon.settle(response)
 
         inputs_of = {t.name: t.data for t in inputs}
-        execute.join_turn(TurnItem(inputs_of, batch_size, signature, work, done, deadline, request.client))
+        execute.turn.join(TurnItem(inputs_of, batch_size, signature, work, done, deadline, request.client))
         return soon
 
     # ---- loading ----

@@ -1,6 +1,6 @@
 """``Soon``: a result that comes later in the event loop's turn, without a future.
 
-The express lane under load (``BatchExecute.join_turn``) answers the requests of one loop
+The express lane under load (``LoopTurn.join``) answers the requests of one loop
 turn together, once every socket that was ready has been read. A front end that took one
 of them gets a ``Soon`` and names what to do with the result (``then``); the batch settles
 it. No task, future or wake-up is made per request: both sides run on the loop's thread,

@@ -24,7 +24,7 @@ import random
 
 from milliserve.config.model_config import ModelConfig
 from milliserve.errors import ConfigError
-from milliserve.runtime.batcher import QueuedRequest, Runner
+from milliserve.runtime.queued_request import QueuedRequest, Runner
 
 __all__ = ["StallInjector", "stall_injectors"]
 

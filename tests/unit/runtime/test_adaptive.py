@@ -8,7 +8,7 @@ from typing import Any
 
 from milliserve.config.model_config import DynamicBatching
 from milliserve.runtime.adaptive import AdaptiveBatching
-from milliserve.runtime.batcher import BatchPolicy
+from milliserve.runtime.batch_policy import BatchPolicy
 
 
 def _controller(delay_s: float = 0.001, **kw: Any) -> tuple[AdaptiveBatching, Any]:

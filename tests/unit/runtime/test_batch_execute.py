@@ -12,7 +12,7 @@ from milliserve.backends.base import BackendInfo
 from milliserve.protocol.types import InferRequest, InferTensor, TensorSpec
 from milliserve.road import Call
 from milliserve.runtime.batch_execute import BatchExecute
-from milliserve.runtime.batcher import BatchPolicy
+from milliserve.runtime.batch_policy import BatchPolicy
 from milliserve.runtime.deadline import LatencyEstimator
 from milliserve.runtime.executor import Executor
 from milliserve.runtime.stats import ModelStats

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from milliserve.errors import QueueFullError
-from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
+from milliserve.runtime.batch_policy import BatchPolicy
+from milliserve.runtime.batcher import Batcher
+from milliserve.runtime.queued_request import QueuedRequest
 
 
 class Gate:

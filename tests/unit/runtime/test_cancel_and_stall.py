@@ -11,7 +11,9 @@ import pytest
 
 from milliserve.config.model_config import ModelConfig
 from milliserve.errors import ConfigError
-from milliserve.runtime.batcher import Batcher, BatchPolicy, QueuedRequest
+from milliserve.runtime.batch_policy import BatchPolicy
+from milliserve.runtime.batcher import Batcher
+from milliserve.runtime.queued_request import QueuedRequest
 from milliserve.runtime.stall import StallInjector, stall_injectors
 
 

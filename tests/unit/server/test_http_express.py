@@ -368,12 +368,12 @@ def test_a_turn_estimate_pushed_up_comes_back_down(server: Server) -> None:
     """A busy spell that pushed the turns' estimate over the inline bound does not keep
     requests off the turns for good: the inline estimate, which every run feeds, lets them in."""
     execute = server.registry.get("fraud_mlp").execute
-    saved = execute._turn_per_work
+    saved = execute.turn.per_work
     try:
-        execute._turn_per_work = 1.0  # a second per element: no turn would ever run again
-        assert execute.turn_possible(FEATURES)
+        execute.turn.per_work = 1.0  # a second per element: no turn would ever run again
+        assert execute.turn.possible(FEATURES)
     finally:
-        execute._turn_per_work = saved
+        execute.turn.per_work = saved
 
 
 def test_a_turn_forming_when_its_model_unloads_is_answered(
