@@ -546,6 +546,6 @@ def test_webgpu_bundles_ship_one_flavour_and_check_their_options(bundles: Path, 
     (int8 / "1").mkdir(parents=True, exist_ok=True)
     shutil.copy(example_repo / "fraud_mlp" / "config.pbtxt", int8 / "config.pbtxt")
     quantize_dynamic(str(example_repo / "fraud_mlp" / "1" / "model.onnx"), str(int8 / "1" / "model.onnx"))
-    with pytest.raises(ConfigError, match="--fp16 converts an FP32 model .* is int8 \\(dynamic\\)"):
+    with pytest.raises(ConfigError, match=r"--fp16 converts an FP32 model .* is int8 \(dynamic\)"):
         build_bundle(int8, out, webgpu="jspi", fp16=True)
     assert not (out / "fraud_mlp").exists()

@@ -38,7 +38,7 @@ def test_an_fp32_model_gets_a_checked_half_copy(tmp_path: Path) -> None:
 def test_a_copy_onnx_runtime_cannot_load_is_refused_in_words(tmp_path: Path) -> None:
     # Celu is defined for float only: the converter makes it FP16 all the same, and the copy
     # does not load (so does a graph saved after ONNX Runtime's offline fusions)
-    with pytest.raises(ConfigError, match="its FP16 copy.* does not load .*drop --fp16"):
+    with pytest.raises(ConfigError, match=r"its FP16 copy.* does not load .*drop --fp16"):
         half_model(_model(tmp_path / "celu.onnx", "Celu"), tmp_path, "fp32")
     assert not list(tmp_path.glob("model_half.*"))
 
