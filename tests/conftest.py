@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import struct
+import subprocess
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -45,7 +48,69 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[_CACHE_ENV] = run_cache
 
 
+# The examples whose cold build takes minutes (optimize's variants, timed and scored), and the
+# tests that need them: by fixture (the example repository) or by module.
+_EMBED_MODULES = frozenset(
+    ("test_ann", "test_bench_cli", "test_embeddings", "test_minilm_embed_optimized", "test_tritonclient")
+)
+_SLOW_BUILDS: tuple[tuple[str, Callable[[pytest.Function], bool]], ...] = (
+    ("sentiment", lambda item: "example_repo" in item.fixturenames),
+    ("minilm_embed", lambda item: item.path.stem in _EMBED_MODULES),
+    ("minilm_rerank", lambda item: item.path.stem == "test_rerank"),
+)
+_WARM = """
+import sys, tempfile
+from pathlib import Path
+from milliserve.examples.build import build_examples
+for name in sys.argv[1:]:
+    with tempfile.TemporaryDirectory(prefix="milliserve-warm-") as repo:
+        print(name, flush=True)
+        build_examples(Path(repo), only=[name])
+"""
+_warming = pytest.StashKey[subprocess.Popen[bytes]]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the slow examples this run needs into its cache in the background, at low
+    priority, while the tests run: each is a single-threaded build of minutes, so on two cores
+    the second one otherwise idles through it. The first one a test needs is left to that
+    test (it builds it on its own core); a test that needs one still building waits for it
+    (``build_record.building`` holds the cache folder's lock), and a build that fails here is
+    built again there, failing with its own message."""
+    if session.config.option.collectonly:
+        return
+    first: dict[str, int] = {}
+    for i, item in enumerate(session.items):
+        for name, needs in _SLOW_BUILDS:
+            if name not in first and isinstance(item, pytest.Function) and needs(item):
+                first[name] = i
+    later = sorted(first, key=first.__getitem__)[1:]
+    if not later:
+        return
+    log = open(Path(os.environ.get(_CACHE_ENV) or tempfile.gettempdir()) / "warm-builds.log", "ab")  # noqa: SIM115
+    session.config.stash[_warming] = subprocess.Popen(
+        ["nice", "-n", "10", sys.executable, "-c", _WARM, *later],  # the tests' servers come first
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # stopped with its whole group (below)
+    )
+    log.close()
+
+
+def _stop_warming(config: pytest.Config) -> None:
+    proc = config.stash.get(_warming, None)
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    _stop_warming(config)
     before, run_cache = config.stash.get(_run_cache, (None, None))
     if run_cache is None:
         return
