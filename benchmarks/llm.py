@@ -37,9 +37,11 @@ Every llama-server sweep also tries ``-fa off`` and a q8_0 KV cache (or the one 
 runs with, ``--cache-type``). milliserve's own KV cache type is chosen the same way: the
 faster at 8 streams of f16 and q8_0 (``--cache-type auto``, the default), and for
 ``llm-peers``'s other loads the faster at that load.
-- ``llm-structured`` and ``llm-priority`` (``--parts structured,priority``, not in the
-  default parts): what a JSON schema costs in tokens/s, and a ``priority: 1`` request's
-  TTFT under 8 background streams against an idle server (benchmarks/llm_features.py).
+- ``llm-structured``, ``llm-priority`` and ``llm-cold-start`` (``--parts
+  structured,priority,cold``, not in the default parts): what a JSON schema and a constrained
+  tool call cost in tokens/s, a ``priority: 1`` request's TTFT under 8 background streams
+  against an idle server, and a model's time to first token when it loads on demand
+  (benchmarks/llm_features.py).
   ``--quick`` runs them as a few seconds' check.
 
 llama_cpp.server is started with ``--interrupt_requests false``: its default cuts a
@@ -68,7 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llm_features import priority_part, structured_part
+from llm_features import cold_part, priority_part, structured_part
 from peers.llama_server import LlamaServer
 from report_sections import commit, write_section
 from results_store import brief
@@ -652,7 +654,7 @@ def main() -> None:
         "at that load; llama-server's sweeps try q8_0 too (-ctk/-ctv)",
     )
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama_cpp.server row")
-    ap.add_argument("--quick", action="store_true", help="structured/priority: a short check, no section")
+    ap.add_argument("--quick", action="store_true", help="structured, priority, cold: a short check")
     args = ap.parse_args()
     gguf = packaged_gguf()
     if gguf is None:
@@ -663,7 +665,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     ct, chosen = args.cache_type, ""
     if ct == "auto":  # measured only for the parts that run beside llama-server
-        peered = parts - {"structured", "priority"}
+        peered = parts - {"structured", "priority", "cold"}
         ct, chosen = cache_sweep(gguf, work, args.sweep_seconds) if peered else ("f16", "")
     base = _kv(ct)
     repo = write_repo(work / "repo", gguf, "smollm2", base)
@@ -687,6 +689,10 @@ def main() -> None:
         text = priority_part(write_repo, work, gguf, 5 if args.quick else 200, 1 if args.quick else 3, where)
         stored = {"settings": {"run": vars(args)}, "rounds": 3}  # its figures: in the text only
         print(text) if args.quick else write_section("llm-priority", text, results=stored)
+    if "cold" in parts:
+        text = cold_part(gguf, work, 3 if args.quick else 20, machine)
+        stored = {"settings": {"run": vars(args)}, "rounds": 1}  # its figures: in the text only
+        print(text) if args.quick else write_section("llm-cold-start", text, results=stored)
     # each load's sweeps, once for the parts that need them: milliserve's KV cache type (at 8
     # streams, the one measured above) and llama-server's settings (started, the first time)
     caches: dict[int, tuple[str, str]] = {8: (ct, chosen)}

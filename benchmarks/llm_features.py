@@ -1,10 +1,15 @@
-"""Two sections of benchmarks/llm.py for issue 25 (run through ``--parts structured,priority``):
+"""Three sections of benchmarks/llm.py (run through ``--parts structured,priority,cold``):
 
 - ``llm-structured``: what structured output costs: output tokens/s of one and of 8
-  streams with and without ``response_format`` (a JSON schema), on the same server.
+  streams with and without ``response_format`` (a JSON schema), and of a tool call
+  constrained by the same schema (``tool_choice`` naming the function), on the same server.
 - ``llm-priority``: TTFT of a ``priority: 1`` request under a background of 8 streaming
   chats (every slot taken), against the same request on the idle server; with the
   default admission (it takes the next free slot) and with ``preemption: priority``.
+- ``llm-cold-start``: two models behind one port under ``--llm-memory-mib 1`` (the smollm2
+  GGUF under two names; one fits at a time), asked in turn, so that each request finds its
+  model unloaded: its time to first token with the load, against the same request once the
+  model is loaded.
 
 ``--quick`` (of llm.py) makes each a few seconds' check; the figures for docs come from
 a full run on a quiet machine.
@@ -13,6 +18,7 @@ a full run on a quiet machine.
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import statistics
 import time
@@ -49,9 +55,20 @@ def _pct(xs: list[float], p: float) -> float:
     return percentile(xs, p) if xs else float("nan")
 
 
-async def _tokens_per_s(url: str, streams: int, seconds: float, constrained: bool) -> float:
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
-    kw: dict[str, Any] = {"response_format": fmt} if constrained else {}
+TOOL = {
+    "type": "function",
+    "function": {"name": "describe", "description": "Record a work's details.", "parameters": SCHEMA},
+}
+MODES = ("free", "schema", "tool")  # free text, response_format's JSON schema, a named tool call
+
+
+async def _tokens_per_s(url: str, streams: int, seconds: float, mode: str) -> float:
+    kw: dict[str, Any] = {}
+    if mode == "schema":
+        kw["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+    elif mode == "tool":
+        kw["tools"] = [TOOL]
+        kw["tool_choice"] = {"type": "function", "function": {"name": "describe"}}
     tokens = 0
     end = time.perf_counter() + seconds
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300) as c:
@@ -77,33 +94,38 @@ async def _tokens_per_s(url: str, streams: int, seconds: float, constrained: boo
 
 def structured_part(repo: Path, rounds: int, seconds: float, where: str) -> str:
     """The ``llm-structured`` section's text."""
-    got: dict[tuple[int, bool], list[float]] = {}
+    got: dict[tuple[int, str], list[float]] = {}
     with ServerProcess(repo) as srv:
         url = f"http://{srv.http_url}"
-        asyncio.run(_tokens_per_s(url, 1, 2.0, True))  # warm
+        for mode in MODES[1:]:  # warm (the first compile of each grammar)
+            asyncio.run(_tokens_per_s(url, 1, 2.0, mode))
         for r in range(rounds):
             for streams in (1, 8):
-                for constrained in (False, True) if r % 2 == 0 else (True, False):
-                    v = asyncio.run(_tokens_per_s(url, streams, seconds, constrained))
-                    got.setdefault((streams, constrained), []).append(v)
-                    print(f"structured: round {r} {streams} streams constrained={constrained}: {v:.1f} tok/s")
+                order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]  # the order rotates
+                for mode in order:
+                    v = asyncio.run(_tokens_per_s(url, streams, seconds, mode))
+                    got.setdefault((streams, mode), []).append(v)
+                    print(f"structured: round {r} {streams} streams {mode}: {v:.1f} tok/s")
     rows = []
     for streams in (1, 8):
-        free = statistics.median(got[(streams, False)])
-        bound = statistics.median(got[(streams, True)])
-        rows.append(f"| {streams} | {free:.1f} | {bound:.1f} | {bound / free:.2f}× |")
+        free, bound, tool = (statistics.median(got[(streams, m)]) for m in MODES)
+        rows.append(
+            f"| {streams} | {free:.1f} | {bound:.1f} | {bound / free:.2f}× "
+            f"| {tool:.1f} | {tool / free:.2f}× |"
+        )
     return (
         "## Structured output: what a JSON schema costs (benchmarks/llm.py --parts structured)\n\n"
         f"{where}. Chat completions of at most 96 tokens (temperature 0.7), closed loops of 1 and 8 "
-        f"streams, {seconds:g} s each, {rounds} rounds (medians), with and without `response_format` "
-        "(a `json_schema` of four fields: strings, an integer and a number with bounds, an array). "
+        f"streams, {seconds:g} s each, {rounds} rounds (medians; the modes' order rotates), with and "
+        "without `response_format` (a `json_schema` of four fields: strings, an integer and a number "
+        "with bounds, an array), and as a tool call with the same schema as the function's parameters "
+        "(`tools` and `tool_choice` naming it: the call is constrained by the schema). "
         "The schema is compiled by llguidance and applied as a token mask at sampling; llama.cpp's "
         "own GBNF grammar sampler was measured at 5.4 ms a token against llguidance's 0.45 ms on "
         "this vocabulary (49k tokens), which is why llguidance serves it. Constrained sequences do "
         "not draft (prompt lookup is off for them).\n\n"
-        "| streams | output tok/s, free text | with a JSON schema | ratio |\n|---|---|---|---|\n"
-        + "\n".join(rows)
-        + "\n"
+        "| streams | output tok/s, free text | with a JSON schema | ratio | a tool call | ratio |\n"
+        "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
 
 
@@ -250,4 +272,72 @@ def priority_part(write_repo: Any, root: Path, gguf: Path, samples: int, rounds:
         "(llm.md, admission item 6). Goal: p99 within 1.5× of idle.\n\n"
         "| preemption | background from | idle TTFT p50 / p99 ms | under 8 streams p50 / p99 ms "
         "| p99 ratio | per round, median (min–max) |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
+
+
+def _first_token(url: str, model: str) -> tuple[float, dict[str, float]]:
+    """A one-token completion: the client's seconds to its answer (its first token) and the
+    Server-Timing figures (``load`` where the model loaded for it)."""
+    body = json.dumps({"model": model, "prompt": "Name a colour:", "max_tokens": 1, "temperature": 0})
+    req = urllib.request.Request(f"{url}/v1/completions", data=body.encode(), method="POST")
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        resp.read()
+        took = time.perf_counter() - t0
+        timing = {}
+        for part in resp.headers.get("Server-Timing", "").split(","):
+            name, _, dur = part.strip().partition(";dur=")
+            if dur:
+                timing[name] = float(dur)
+    return took, timing
+
+
+def cold_part(gguf: Path, work: Path, requests: int, where: str) -> str:
+    """The ``llm-cold-start`` section's text."""
+    repo = work / "cold-repo"
+    names = ("smol_a", "smol_b")
+    for name in names:
+        (repo / name / "1").mkdir(parents=True, exist_ok=True)
+        link = repo / name / "1" / "model.gguf"
+        if not link.exists():
+            link.symlink_to(gguf.resolve())
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "llama_cpp"\n')
+    cold: list[float] = []
+    loads: list[float] = []
+    warm: list[float] = []
+    with ServerProcess(repo, "--llm-memory-mib", "1") as srv:
+        url = f"http://{srv.http_url}"
+        for i in range(requests):
+            model = names[i % 2]  # the other one is loaded: this one loads, the other unloads
+            took, timing = _first_token(url, model)
+            if "load" not in timing:
+                raise RuntimeError(f"{model} answered without loading: {timing}")
+            cold.append(took * 1e3)
+            loads.append(timing["load"])
+            took, timing = _first_token(url, model)
+            if "load" in timing:
+                raise RuntimeError(f"{model} loaded again for its second request: {timing}")
+            warm.append(took * 1e3)
+            print(f"cold start {i}: {model} {cold[-1]:.0f} ms (load {loads[-1]:.0f}), warm {warm[-1]:.1f} ms")
+    size = gguf.stat().st_size / 2**20
+
+    def row(what: str, xs: list[float]) -> str:
+        return f"| {what} | {statistics.median(xs):.1f} | {_pct(xs, 90):.1f} | {max(xs):.1f} |"
+
+    return (
+        "## Cold start: a model loaded on its first request (benchmarks/llm.py --parts cold)\n\n"
+        f"{where}. Two models behind one port with `--llm-memory-mib 1` (the smollm2 GGUF, "
+        f"{size:.0f} MiB, under two names; one fits at a time), asked in turn: each request finds its "
+        "model unloaded, loads it (the other, idle, unloads) and answers; then the same request again, "
+        f"on the loaded model. {requests} of each; a one-token completion, timed at the client "
+        "(its answer is its first token); the load time from the answer's Server-Timing.\n\n"
+        "| request | ms p50 | p90 | max |\n|---|---|---|---|\n"
+        + "\n".join(
+            [
+                row("cold: load + first token", cold),
+                row("of which the load", loads),
+                row("warm: first token", warm),
+            ]
+        )
+        + "\n"
     )
