@@ -15,20 +15,21 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from milliserve.backends.base import Backend
 from milliserve.errors import BackendError, InvalidInputError
+from milliserve.runtime.adaptive import AdaptiveBatching
+from milliserve.runtime.batch_policy import BatchPolicy
+from milliserve.runtime.batcher import Batcher
 from milliserve.runtime.queued_request import QueuedRequest
 from milliserve.runtime.validation import Signature
 
-if TYPE_CHECKING:
-    from milliserve.runtime.batch_execute import BatchExecute
-
-__all__ = ["LoopTurn", "TurnDone", "TurnItem"]
+__all__ = ["LoopTurn", "TurnDone", "TurnHost", "TurnItem"]
 
 log = logging.getLogger(__name__)
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -69,10 +70,40 @@ def _settle_from_road(
     _answer(item, exc if exc is not None else future.result(), started, label)
 
 
+class TurnHost(Protocol):
+    """What a loop turn runs on: a model version's ``BatchExecute`` (runtime/batch_execute.py)."""
+
+    label: str
+    policy: BatchPolicy
+    batcher: Batcher
+    backends: list[Backend]
+    adaptive: AdaptiveBatching | None
+    wrapped: bool  # a stall injector (tests) wraps the road's batches: no turns then
+    inline_mode: str
+    inline_below_s: float
+    inline_per_work: float | None
+
+    def execute_batch(
+        self, backend: Backend, batch: Sequence[QueuedRequest] | Sequence[TurnItem]
+    ) -> tuple[list[Arrays], int, int, int]: ...
+
+    def account(
+        self,
+        started: float,
+        work: int,
+        items: int,
+        queue_ns: list[int],
+        inline: bool,
+        in_ns: int,
+        infer_ns: int,
+        out_ns: int,
+    ) -> None: ...
+
+
 class LoopTurn:
     """The requests of this loop turn of one model version that run as one batch at its end."""
 
-    def __init__(self, execute: BatchExecute) -> None:
+    def __init__(self, execute: TurnHost) -> None:
         self._execute = execute
         self._requests: list[TurnItem] = []
         self._work = 0
