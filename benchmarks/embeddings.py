@@ -85,6 +85,7 @@ from peers import peer_settings
 from report_sections import commit, write_section
 from server_overhead import cpu_description
 
+from milliserve.drills.process_probe import cpu_seconds
 from milliserve.examples.minilm import minilm_dir
 from milliserve.examples.minilm_embed import build_minilm_embed
 from milliserve.examples.minilm_rerank import build_minilm_rerank, write_peer_folder
@@ -300,12 +301,6 @@ def wrk(url: str, bodies: Path, connections: int, seconds: float, workdir: Path)
         raise RuntimeError(f"{url}: no latency distribution from wrk:\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     return Level(connections, rps, _ms(dist["50"]), _ms(dist["99"]))
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of process ``pid`` so far, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ort_alone(repo: Path, pool: list[str], threads: int, seconds: float) -> dict[str, float]:
@@ -738,8 +733,8 @@ def main() -> None:
         "(the most any server of this model can answer here, with nothing else on the cores; the "
         "servers above share them with the load generator).",
         "",
-        "**CPU per request** (one text, one connection; the server process's user and system time, "
-        "all its threads, over the requests of the level; medians over the rounds): "
+        "**CPU per request** (one text, one connection; the server's user and system time, all its "
+        "threads and child processes, over the requests of the level; medians over the rounds): "
         + "; ".join(f"{name} {med(cpu_per_request[name]):.2f} ms" for name in servers)
         + f"; ONNX Runtime alone {floor['cpu_ms']:.2f} ms a text. milliserve's is "
         f"{med(cpu_per_request['milliserve']) / floor['cpu_ms']:.2f}× ONNX Runtime's own "

@@ -29,6 +29,7 @@ from typing import Any
 
 import openai
 
+from milliserve.bench.llm_stream import parse_server_timing
 from milliserve.percentiles import percentile
 from milliserve.testing import ServerProcess
 
@@ -284,11 +285,7 @@ def _first_token(url: str, model: str) -> tuple[float, dict[str, float]]:
     with urllib.request.urlopen(req, timeout=300) as resp:
         resp.read()
         took = time.perf_counter() - t0
-        timing = {}
-        for part in resp.headers.get("Server-Timing", "").split(","):
-            name, _, dur = part.strip().partition(";dur=")
-            if dur:
-                timing[name] = float(dur)
+        timing = parse_server_timing(resp.headers.get("Server-Timing", ""))
     return took, timing
 
 
