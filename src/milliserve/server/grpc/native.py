@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -65,6 +66,9 @@ class NativeGrpcServer:
         self._sock: socket.socket | None = None
         self.refused_connections = 0
         self.stopping = False  # a connection made from now on gets GOAWAY at once
+        # protocols made at an accept whose connection_made has not run yet (the loop
+        # schedules it a turn or two later): the stop waits for them too
+        self.unmade: weakref.WeakSet[Http2Protocol] = weakref.WeakSet()
 
     def figures(self) -> dict[str, int]:
         """Open connections and the connection counters, for the metrics."""
@@ -83,7 +87,9 @@ class NativeGrpcServer:
         self.calls.started += 1
 
     def _protocol(self) -> Http2Protocol:
-        return _Tracked(self)
+        protocol = _Tracked(self)
+        self.unmade.add(protocol)
+        return protocol
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -107,6 +113,8 @@ class NativeGrpcServer:
         deadline = loop.time() + grace
         waited: set[Http2Protocol] = set()
         await asyncio.sleep(0)
+        while self.unmade and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
         while (todo := [c for c in self.connections if c not in waited]) and loop.time() < deadline:
             waited.update(todo)
             waits = [asyncio.ensure_future(conn.drain()) for conn in todo]
@@ -138,6 +146,7 @@ class _Tracked(Http2Protocol):
         peer = transport.get_extra_info("peername")
         address = peer[0] if peer else ""
         s = self._owner
+        s.unmade.discard(self)
         if len(s.connections) >= s.max_connections or s._per_peer[address] >= s.max_per_peer:
             s.refused_connections += 1
             super().connection_made(transport)

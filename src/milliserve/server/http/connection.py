@@ -121,6 +121,7 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods
         self.transport = transport = cast(asyncio.Transport, transport)
+        self.server_of.unmade.discard(self)
         listener = self.listener
         if len(self.connections) >= listener.limits.max_connections:
             transport.write(listener.busy)
@@ -132,6 +133,8 @@ class HttpProtocol(asyncio.Protocol):
         self.client = _address(transport.get_extra_info("peername"))
         self._deadline = self.loop.time() + self._header_timeout
         self._timer = self.loop.call_later(listener.tick_s, self._on_timer)
+        if self.server_of.stopping:  # accepted while the server began to stop
+            self.shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
