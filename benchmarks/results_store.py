@@ -95,7 +95,7 @@ _LLM = [
 # what each script's figures describe, beside the script itself (paths from the root; a
 # folder stands for everything under it)
 SOURCES: dict[str, list[str]] = {
-    "benchmarks/server_overhead.py": ["benchmarks/apps", *_SERVER, *_ORT],
+    "benchmarks/server_overhead.py": ["benchmarks/apps", "src/milliserve/observability", *_SERVER, *_ORT],
     "benchmarks/bench_vs_perf_analyzer.py": ["src/milliserve/bench", *_SERVER, *_ORT],
     "benchmarks/peers/run_peers.py": ["benchmarks/peers", *_SERVER, *_ORT],
     "benchmarks/adaptive_batching.py": [

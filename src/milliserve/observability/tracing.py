@@ -16,13 +16,13 @@ three places, and nothing else changes:
 
 Without tracing the road is the plain one: a servable checks ``request.trace is None``, one
 branch per request, and no OpenTelemetry module is imported. The spans are made when the
-request ends, from the times the road recorded, and exported by the SDK's batch processor
-on its own thread.
+request ends, from the times the road recorded, as plain records handed to a child process
+that encodes and exports them (``observability/span_export.py``: encoding in this process
+took the GIL from the event loop).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from milliserve._version import __version__
 from milliserve.observability.request_trace import CURRENT_TRACE, RequestTrace, Sampled
+from milliserve.observability.span_export import Record, SpanPipe, quiet_drops
 from milliserve.protocol.types import InferRequest, InferResponse
 from milliserve.road import SpanLog
 from milliserve.runtime.dataplane import DataPlane
@@ -44,37 +45,13 @@ __all__ = [
 ]
 
 
-class _OncePerMinute(logging.Filter):
-    """Lets a repeated warning through once a minute (the SDK warns once per span it drops
-    when its queue is full: a collector that is down would cost a log record per span)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._last: dict[str, float] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        now = time.monotonic()
-        key = str(record.msg)
-        if now - self._last.get(key, -60.0) < 60.0:
-            return False
-        self._last[key] = now
-        return True
-
-
-def _quiet_drops() -> None:
-    for name in ("opentelemetry.sdk._shared_internal", "opentelemetry.sdk.trace.export"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _OncePerMinute) for f in logger.filters):
-            logger.addFilter(_OncePerMinute())
-
-
 Scope = dict[str, Any]
 ASGI = Callable[[Scope, Any, Any], Awaitable[None]]
 
 # the share of requests traced that bring no caller's decision, unless OTEL_TRACES_SAMPLER
-# says otherwise: every request's spans cost the loop about 30 µs to build, and the exporter's
-# thread encodes them in Python, taking the GIL from the loop (at thousands of requests a
-# second, every request sampled made the median 40x; benchmarks/server_overhead.py)
+# says otherwise: every request traced costs the loop its spans' records, and the exporting
+# child a core's share (at thousands of requests a second, every request sampled makes the
+# p99 tens of times tracing off on 2 vCPUs; benchmarks/server_overhead.py)
 DEFAULT_SAMPLE_RATIO = 0.01
 _PROPAGATED = frozenset(("traceparent", "tracestate"))
 _PROPAGATED_BYTES = frozenset(name.encode() for name in _PROPAGATED)
@@ -152,7 +129,7 @@ def _route(path: str) -> str | None:
 
 class Tracing:
     """Spans from finished requests, exported to ``endpoint`` (an OTLP/HTTP collector's
-    traces URL) by the OpenTelemetry SDK's batch processor."""
+    traces URL) by a child process (``span_export.SpanPipe``)."""
 
     def __init__(
         self,
@@ -162,41 +139,35 @@ class Tracing:
         sample_ratio: float = DEFAULT_SAMPLE_RATIO,
     ) -> None:
         from opentelemetry import trace
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.endpoint = endpoint
-        resource = Resource.create({"service.name": service_name, "service.version": __version__})
-        # the provider holds the sampler and the batch processor, whose thread encodes and
-        # sends the spans. The sampler: OTEL_TRACES_SAMPLER when set; else a caller's
+        # the provider holds the sampler only: OTEL_TRACES_SAMPLER when set; else a caller's
         # decision (traceparent), and ``sample_ratio`` of the requests that bring none
         sampler, root = _sampler(sample_ratio)
-        self.provider = TracerProvider(resource=resource, sampler=sampler)
+        self.provider = TracerProvider(sampler=sampler)
         # the default sampler's bound on a trace id without a parent (``decide``); None: another
         # sampler (OTEL_TRACES_SAMPLER), asked every time
         self._root_bound: int | None = root.bound if root is not None else None
-        self.processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s))
-        self.provider.add_span_processor(self.processor)
-        self._resource = resource
-        self._scope = InstrumentationScope("milliserve", __version__)
         self._ids = RandomIdGenerator()
         self._api = trace
-        self._readable = ReadableSpan
         self._propagator = TraceContextTextMapPropagator()
         # perf_counter seconds to epoch nanoseconds (spans carry wall-clock times)
         self._epoch_ns = time.time_ns() - int(time.perf_counter() * 1e9)
-        _quiet_drops()
+        quiet_drops()
+        # the SDK's batch processor's schedule (OTEL_BSP_SCHEDULE_DELAY, ms) is how often
+        # spans leave; 1 s unless set (the SDK's 5 s is long to wait for a trace)
+        interval_s = _env_ms("OTEL_BSP_SCHEDULE_DELAY", 1000.0) / 1e3
+        self.pipe = SpanPipe(endpoint, service_name, __version__, timeout_s, interval_s)
 
     def _ns(self, t: float) -> int:
         return self._epoch_ns + int(t * 1e9)
 
     def shutdown(self) -> None:
         """Export what is pending, then stop the exporter."""
+        self.pipe.close()
         self.provider.shutdown()
 
     # ---- spans ----
@@ -240,90 +211,95 @@ class Tracing:
         its road recorded, below it. ``serialized``: when the answer was encoded (the front
         end's parse and serialize spans lie around the servables').
 
-        The spans are finished when they are made (their times were recorded on the road),
-        so they are written as the SDK's finished spans (``ReadableSpan``) and handed to its
-        batch processor directly: no live span, lock or context is made per stage (a few µs
-        a span instead of tens)."""
-        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-
+        The spans are finished when they are made (their times were recorded on the road):
+        each is one plain record (``span_export.Record``) handed to the exporting child,
+        which makes the SDK's spans of them; nothing of the SDK is made here."""
         decision = trace.sampled
-        trace_id, parent_ctx, span_kind = decision.trace_id, decision.parent, SpanKind[kind]
-        flags = TraceFlags(TraceFlags.SAMPLED)
-        state = decision.trace_state
-
-        def ctx() -> Any:
-            return SpanContext(trace_id, self._ids.generate_span_id(), False, flags, state)
-
-        make, scope, resource, ns = self._readable, self._scope, self._resource, self._ns
-        root_ctx = ctx()
+        trace_id, parent = decision.trace_id, decision.parent
+        state = decision.trace_state.to_header() if decision.trace_state else ""
+        new_id = self._ids.generate_span_id
+        ns = self._ns
+        root_id = new_id()
         attributes = {**trace.attributes, **(decision.attributes or {})}
-        status = Status(StatusCode.ERROR, error) if error is not None else Status(StatusCode.UNSET)
-        spans = [
-            make(
+        parent_id, remote = (parent.span_id, bool(parent.is_remote)) if parent is not None else (0, False)
+        code, desc = (_ERROR, error) if error is not None else (_UNSET, None)
+        kind_value = _KINDS[kind]
+        records: list[Record] = [
+            (
                 name,
-                root_ctx,
-                parent_ctx,
-                resource,
+                trace_id,
+                root_id,
+                parent_id,
+                remote,
+                kind_value,
+                ns(trace.start),
+                ns(end),
                 attributes,
-                kind=span_kind,
-                status=status,
-                start_time=ns(trace.start),
-                end_time=ns(end),
-                instrumentation_scope=scope,
+                code,
+                desc,
+                state,
             )
         ]
         if trace.first is not None and trace.last is not None:
-            spans.append(
-                make(
+            records.append(
+                (
                     "parse",
-                    ctx(),
-                    root_ctx,
-                    resource,
+                    trace_id,
+                    new_id(),
+                    root_id,
+                    False,
+                    _INTERNAL,
+                    ns(trace.start),
+                    ns(trace.first),
                     None,
-                    start_time=ns(trace.start),
-                    end_time=ns(trace.first),
-                    instrumentation_scope=scope,
+                    _UNSET,
+                    None,
+                    state,
                 )
             )
             done = serialized if serialized is not None else end
             if done > trace.last:
-                spans.append(
-                    make(
+                records.append(
+                    (
                         "serialize",
-                        ctx(),
-                        root_ctx,
-                        resource,
+                        trace_id,
+                        new_id(),
+                        root_id,
+                        False,
+                        _INTERNAL,
+                        ns(trace.last),
+                        ns(done),
                         None,
-                        start_time=ns(trace.last),
-                        end_time=ns(done),
-                        instrumentation_scope=scope,
+                        _UNSET,
+                        None,
+                        state,
                     )
                 )
-        made: list[tuple[Any, float]] = []  # (context, end) of each recorded span
-        unset = Status(StatusCode.UNSET)
+        made: list[tuple[int, float]] = []  # (span id, end) of each recorded span
         for span_name, start, stop, above, attrs in trace.log.spans:
-            up, limit = (root_ctx, end) if above < 0 else made[above]
+            up, limit = (root_id, end) if above < 0 else made[above]
             stop = limit if stop is None else stop
-            own = ctx()
+            own = new_id()
             failed = attrs is not None and "error.type" in attrs
-            st = Status(StatusCode.ERROR, str(attrs.get("error", ""))) if failed else unset
-            spans.append(
-                make(
+            code, desc = (_ERROR, str(attrs.get("error", ""))) if failed else (_UNSET, None)
+            records.append(
+                (
                     span_name,
+                    trace_id,
                     own,
                     up,
-                    resource,
+                    False,
+                    _INTERNAL,
+                    ns(start),
+                    ns(stop),
                     attrs,
-                    status=st,
-                    start_time=ns(start),
-                    end_time=ns(stop),
-                    instrumentation_scope=scope,
+                    code,
+                    desc,
+                    state,
                 )
             )
             made.append((own, stop))
-        on_end = self.processor.on_end
-        for span in spans:
-            on_end(span)
+        self.pipe.add(records)
 
     # ---- front ends ----
     def http(self, app: HttpApplication) -> TracedHttp:
@@ -361,6 +337,20 @@ class Tracing:
 def _carrier(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     """What the W3C propagator reads of a request's headers or metadata."""
     return {k.lower(): v for k, v in pairs if k.lower() in _PROPAGATED}
+
+
+# OpenTelemetry's SpanKind and StatusCode values, as the records carry them
+_KINDS = {"INTERNAL": 0, "SERVER": 1, "CLIENT": 2, "PRODUCER": 3, "CONSUMER": 4}
+_INTERNAL = _KINDS["INTERNAL"]
+_UNSET, _ERROR = 0, 2
+
+
+def _env_ms(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 _TRACE_ID_LIMIT = (1 << 64) - 1  # TraceIdRatioBased compares the trace id's low 64 bits
