@@ -156,6 +156,68 @@ def test_stream_requests_in_shared_memory(
         np.testing.assert_array_equal(np.frombuffer(obj.read(64, i * 192 + 128), np.int32), (a - i)[0])
 
 
+def mapped(pid: int, obj: SharedMemoryObject) -> bool:
+    """Whether process ``pid`` maps ``obj`` (an unregistered region no request holds is not)."""
+    return str(obj.path) in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_concurrent_callers_each_get_their_own_answer_in_their_own_region(
+    server: ServerProcess, shm: Callable[[int], SharedMemoryObject], protocol: str
+) -> None:
+    """Eight callers at once, each with its regions: requests that arrive together share a
+    run (the express lane's loop-turn batch, which shared memory takes as sockets do), and
+    each answer is written into its caller's region, not a neighbour's. Once every region
+    is unregistered, none stays mapped: every request released what it held."""
+    assert server.proc is not None
+    callers, calls = 8, 40
+    objects = [(shm(128), shm(128)) for _ in range(callers)]
+    failures: list[BaseException] = []
+
+    def caller(i: int) -> None:
+        c, m = client(server, protocol), io(protocol)
+        tag = f"cc_{protocol}_{i}"
+        inputs_obj, outputs_obj = objects[i]
+        try:
+            c.register_system_shared_memory(f"{tag}_in", inputs_obj.key, 128)
+            c.register_system_shared_memory(f"{tag}_out", outputs_obj.key, 128)
+            for k in range(calls):
+                a = np.full((1, 16), i * 1000 + k, np.int32)
+                b = np.arange(16, dtype=np.int32).reshape(1, 16)
+                inputs_obj.write(a.tobytes() + b.tobytes())
+                ins = [m.InferInput("INPUT0", [1, 16], "INT32"), m.InferInput("INPUT1", [1, 16], "INT32")]
+                ins[0].set_shared_memory(f"{tag}_in", 64)
+                ins[1].set_shared_memory(f"{tag}_in", 64, offset=64)
+                outs = [m.InferRequestedOutput("OUTPUT0"), m.InferRequestedOutput("OUTPUT1")]
+                outs[0].set_shared_memory(f"{tag}_out", 64)
+                outs[1].set_shared_memory(f"{tag}_out", 64, offset=64)
+                c.infer("simple", ins, outputs=outs)
+                np.testing.assert_array_equal(np.frombuffer(outputs_obj.read(64), np.int32), (a + b)[0])
+                np.testing.assert_array_equal(np.frombuffer(outputs_obj.read(64, 64), np.int32), (a - b)[0])
+        except BaseException as exc:  # shown by the assertion below
+            failures.append(exc)
+        finally:
+            for name in (f"{tag}_in", f"{tag}_out"):
+                try:
+                    c.unregister_system_shared_memory(name)
+                except InferenceServerException as exc:
+                    failures.append(exc)
+            c.close()
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures[:3]
+    pid = server.proc.pid
+
+    def still_mapped() -> list[str]:
+        return [o.key for pair in objects for o in pair if mapped(pid, o)]
+
+    wait_until(lambda: not still_mapped(), 30, "every region unmapped once unregistered")
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_strings_in_shared_memory(
     server: ServerProcess, shm: Callable[[int], SharedMemoryObject], protocol: str

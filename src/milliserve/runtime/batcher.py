@@ -355,6 +355,9 @@ class Batcher:
             task = asyncio.create_task(self._run(self._free.pop(), batch))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+            # not held while the next batch is awaited: its inputs may be views of a
+            # shared-memory region that its client unregisters meanwhile
+            del batch, task
 
     async def _next_batch(self) -> list[QueuedRequest]:
         """Wait for queued work and a free instance; return the batch to run."""

@@ -73,6 +73,9 @@ class InstanceWorker:
                 loop.call_soon_threadsafe(_resolve, fut, False, exc)
             else:
                 loop.call_soon_threadsafe(_resolve, fut, True, result)
+            # not held while this thread waits for the next job: the call's inputs may be
+            # views of a shared-memory region its client has unregistered since
+            job = call = fut = result = None  # type: ignore[assignment]
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn`` on this instance's thread and await its result.

@@ -151,10 +151,11 @@ class Servicer:
             request = self._decode(req, ctx, shm)
             t1 = time.perf_counter()
             # the express lane (as HTTP's): at once where the model's road would not wait,
-            # else in this loop turn's batch, else the road; shared memory takes the road
-            response = self.dp.infer_now(request) if shm is None else None
+            # else in this loop turn's batch, else the road; with shared memory too, its
+            # regions held until the answer is written (the ``finally`` below)
+            response = self.dp.infer_now(request)
             if response is None:
-                soon = self.dp.infer_soon(request) if shm is None else None
+                soon = self.dp.infer_soon(request)
                 response = await self.dp.infer(request) if soon is None else await _settled(soon)
             t2 = time.perf_counter()
             written = shm.write_outputs(response) if shm is not None else ()

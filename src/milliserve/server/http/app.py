@@ -43,7 +43,7 @@ from milliserve.server.http.generate import GenerateRoutes
 from milliserve.server.http.json_route import JsonRoute
 from milliserve.server.http.rerank import RerankRoute
 from milliserve.server.http.shm_routes import KINDS, SharedMemoryRoutes
-from milliserve.server.shm.service import SharedMemoryService
+from milliserve.server.shm.service import SharedMemoryService, SharedMemoryUse
 from milliserve.status import status_of
 
 __all__ = ["HttpApp"]
@@ -326,11 +326,11 @@ class HttpApp:
         """The express lane of ``POST /v2/models/{m}[/versions/{v}]/infer`` (docs/design.md,
         "The express lane"), for a request whose whole body is in: its answer computed in
         this call, where the model's road would not wait anywhere (``DataPlane.infer_now``).
-        None for anything else (a compressed body, a deadline header, shared memory, a body
+        None for anything else (a compressed body, a deadline header, a body
         over a limit, a request that does not decode, a model whose road would wait): the
         request then takes the road (``__call__``), which answers it as always, its errors
         included. The connection calls this before it starts the application."""
-        if scope["method"] != "POST" or self.local_only or self.shm.enabled:
+        if scope["method"] != "POST" or self.local_only:
             return None
         parts = scope["path"].strip("/").split("/")
         if len(parts) < 4 or parts[0] != "v2" or parts[1] != "models" or parts[-1] != "infer":
@@ -353,26 +353,43 @@ class HttpApp:
         elif len(body) > self.max_request_bytes or header_len > self.max_json_bytes:
             return None
         t0 = time.perf_counter()
+        client = scope.get("client")
+        # shared memory (when the server has it on): the request's regions are held from its
+        # decoding until its answer is out, as on the road
+        shm = self.shm.begin(client[0] if client else None) if self.shm.enabled else None
         try:
             self.auth.check(headers, "api")
-            request = decode_infer_request(body, header_len, name, version, None)
+            request = decode_infer_request(body, header_len, name, version, shm.input if shm else None)
+            if shm is not None and request.outputs:
+                shm.bind_outputs(request)
         except MilliserveError:
+            if shm is not None:
+                shm.release()
             return None
-        request.client = scope.get("client")
+        request.client = client
         try:
             t1 = time.perf_counter()
             response = self.dp.infer_now(request)
             if response is None:
                 soon = self.dp.infer_soon(request)
                 if soon is None:
+                    if shm is not None:  # the road decodes it again, holding regions of its own
+                        shm.release()
+                        return None
                     # the road's: it takes the request as decoded here (a body the lane
-                    # decodes has no shared memory, deadline or compression to differ)
+                    # decodes has no deadline or compression to differ)
                     scope[_DECODED] = request
                     return None
-                return soon.map(lambda r: _answer_or_refusal(r, request, t0, t1), _error_or_raise)
-            return _answer(response, request, t0, t1, time.perf_counter())
+                if shm is None:
+                    return soon.map(lambda r: _answer_or_refusal(r, request, t0, t1), _error_or_raise)
+                return soon.map(lambda r: _shm_answer(r, request, shm, t0, t1), lambda e: _shm_failed(e, shm))
         except MilliserveError as exc:
+            if shm is not None:
+                shm.release()
             return _error_answer(exc)
+        if shm is None:
+            return _answer(response, request, t0, t1, time.perf_counter())
+        return _shm_answer(response, request, shm, t0, t1)
 
     def _get(self, rest: list[str]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         dp = self.dp
@@ -455,6 +472,25 @@ def _answer_or_refusal(response: InferResponse, request: InferRequest, t0: float
         return _answer(response, request, t0, t1, time.perf_counter())
     except MilliserveError as exc:
         return _error_answer(exc)
+
+
+def _shm_answer(
+    response: InferResponse, request: InferRequest, shm: SharedMemoryUse, t0: float, t1: float
+) -> Answer:
+    """``_answer_or_refusal`` for a request with shared memory: its outputs written into
+    their regions first; the regions released whatever happens."""
+    try:
+        shm.write_outputs(response)
+        return _answer(response, request, t0, t1, time.perf_counter())
+    except MilliserveError as exc:
+        return _error_answer(exc)
+    finally:
+        shm.release()
+
+
+def _shm_failed(exc: BaseException, shm: SharedMemoryUse) -> Answer | BaseException:
+    shm.release()
+    return _error_or_raise(exc)
 
 
 def _error_or_raise(exc: BaseException) -> Answer | BaseException:
