@@ -362,10 +362,12 @@ class HttpApp:
             request = decode_infer_request(body, header_len, name, version, shm.input if shm else None)
             if shm is not None and request.outputs:
                 shm.bind_outputs(request)
-        except MilliserveError:
+        except BaseException as exc:
             if shm is not None:
                 shm.release()
-            return None
+            if isinstance(exc, MilliserveError):
+                return None
+            raise
         request.client = client
         try:
             t1 = time.perf_counter()
@@ -383,10 +385,12 @@ class HttpApp:
                 if shm is None:
                     return soon.map(lambda r: _answer_or_refusal(r, request, t0, t1), _error_or_raise)
                 return soon.map(lambda r: _shm_answer(r, request, shm, t0, t1), lambda e: _shm_failed(e, shm))
-        except MilliserveError as exc:
+        except BaseException as exc:
             if shm is not None:
                 shm.release()
-            return _error_answer(exc)
+            if isinstance(exc, MilliserveError):
+                return _error_answer(exc)
+            raise
         if shm is None:
             return _answer(response, request, t0, t1, time.perf_counter())
         return _shm_answer(response, request, shm, t0, t1)
