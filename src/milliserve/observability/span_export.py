@@ -175,8 +175,6 @@ def _plain_attrs(attrs: dict[str, Any]) -> bool:
 def _value(v: Any) -> Any:
     if type(v) in _PLAIN:
         return v
-    if isinstance(v, bool):
-        return bool(v)
     if isinstance(v, int):
         return int(v)
     if isinstance(v, float):

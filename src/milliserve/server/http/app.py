@@ -326,10 +326,9 @@ class HttpApp:
         """The express lane of ``POST /v2/models/{m}[/versions/{v}]/infer`` (docs/design.md,
         "The express lane"), for a request whose whole body is in: its answer computed in
         this call, where the model's road would not wait anywhere (``DataPlane.infer_now``).
-        None for anything else (a compressed body, a deadline header, a body
-        over a limit, a request that does not decode, a model whose road would wait): the
-        request then takes the road (``__call__``), which answers it as always, its errors
-        included. The connection calls this before it starts the application."""
+        None for anything else (a compressed body, a deadline header, a body over a limit, a
+        request that does not decode, a model whose road would wait): the request then takes
+        the road (``__call__``), which answers it as always, its errors included."""
         if scope["method"] != "POST" or self.local_only:
             return None
         parts = scope["path"].strip("/").split("/")
@@ -382,18 +381,16 @@ class HttpApp:
                     # decodes has no deadline or compression to differ)
                     scope[_DECODED] = request
                     return None
-                if shm is None:
-                    return soon.map(lambda r: _answer_or_refusal(r, request, t0, t1), _error_or_raise)
-                return soon.map(lambda r: _shm_answer(r, request, shm, t0, t1), lambda e: _shm_failed(e, shm))
+                return soon.map(
+                    lambda r: _answer_or_refusal(r, request, t0, t1, shm), lambda e: _error_or_raise(e, shm)
+                )
         except BaseException as exc:
             if shm is not None:
                 shm.release()
             if isinstance(exc, MilliserveError):
                 return _error_answer(exc)
             raise
-        if shm is None:
-            return _answer(response, request, t0, t1, time.perf_counter())
-        return _shm_answer(response, request, shm, t0, t1)
+        return _answer_or_refusal(response, request, t0, t1, shm)
 
     def _get(self, rest: list[str]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         dp = self.dp
@@ -469,37 +466,28 @@ def _answer(
     return 200, out, [_OCTET, (_HEADER_LEN, str(out_header_len).encode()), timing]
 
 
-def _answer_or_refusal(response: InferResponse, request: InferRequest, t0: float, t1: float) -> Answer:
-    """``_answer`` for a response that came later in the loop's turn, or the refusal its
-    encoding raised (as the road and the lane at once would answer it)."""
-    try:
-        return _answer(response, request, t0, t1, time.perf_counter())
-    except MilliserveError as exc:
-        return _error_answer(exc)
-
-
-def _shm_answer(
-    response: InferResponse, request: InferRequest, shm: SharedMemoryUse, t0: float, t1: float
+def _answer_or_refusal(
+    response: InferResponse, request: InferRequest, t0: float, t1: float, shm: SharedMemoryUse | None = None
 ) -> Answer:
-    """``_answer_or_refusal`` for a request with shared memory: its outputs written into
-    their regions first; the regions released whatever happens."""
+    """``_answer``, or the refusal its encoding raised (as the road would answer it); with
+    shared memory, the outputs written into their regions first and the regions released
+    whatever happens."""
     try:
-        shm.write_outputs(response)
+        if shm is not None:
+            shm.write_outputs(response)
         return _answer(response, request, t0, t1, time.perf_counter())
     except MilliserveError as exc:
         return _error_answer(exc)
     finally:
-        shm.release()
+        if shm is not None:
+            shm.release()
 
 
-def _shm_failed(exc: BaseException, shm: SharedMemoryUse) -> Answer | BaseException:
-    shm.release()
-    return _error_or_raise(exc)
-
-
-def _error_or_raise(exc: BaseException) -> Answer | BaseException:
+def _error_or_raise(exc: BaseException, shm: SharedMemoryUse | None = None) -> Answer | BaseException:
     """A refused request's answer, for an express request answered later; any other
-    exception passes on (the connection answers 500 and logs it)."""
+    exception passes on (the connection answers 500 and logs it). Its regions released."""
+    if shm is not None:
+        shm.release()
     return _error_answer(exc) if isinstance(exc, MilliserveError) else exc
 
 
