@@ -216,7 +216,9 @@ def milliserve_stages(client: httpx.Client, metrics_url: str, model: str) -> Cal
 def capacity_search(step: Any, naive_capacity: float, work: Path, seconds: float, slo_ms: float) -> float:
     """The highest offered rate whose p99 is within the SLO with at most 0.1% not served:
     from a quarter of the naive capacity, up by 1.4× while it holds (down by 1.4× while
-    it does not, to 1 req/s; 0 when even that fails)."""
+    it does not, to 1 req/s; 0 when even that fails). A rate fails only when a second probe
+    fails too: a p99 over a few hundred requests is close to the slowest one, so one hiccup of
+    a shared VM would otherwise cap a step's capacity."""
 
     def holds(rate: float) -> bool:
         step.before_run()
@@ -234,15 +236,18 @@ def capacity_search(step: Any, naive_capacity: float, work: Path, seconds: float
         step.settle()
         return bool(ok)
 
+    def sustains(rate: float) -> bool:
+        return holds(rate) or holds(rate)
+
     rate = 0.25 * naive_capacity
-    if not holds(rate):
+    if not sustains(rate):
         while rate > 1.0:
             rate /= 1.4
-            if holds(rate):
+            if sustains(rate):
                 return rate
         return 0.0
     for _ in range(16):
-        if not holds(rate * 1.4):
+        if not sustains(rate * 1.4):
             break
         rate *= 1.4
     return rate
@@ -271,7 +276,8 @@ def render(
         "Server, Redis and the load generator share these cores.",
         "Capacity: the highest Poisson rate (×1.4 steps, from the naive service's closed-loop "
         f"throughput, {naive_throughput:.0f} req/s at 4 connections) with p99 ≤ {slo:.0f} ms and ≤ 0.1% "
-        "not served, for every step, the naive service's included; its multiple is of the naive "
+        "not served (a rate fails only when a second probe fails too), for every step, the naive "
+        "service's included; its multiple is of the naive "
         f"service's capacity at the same SLO. Then open-loop Poisson at **{load:.0f} req/s**, "
         f"{rounds} interleaved rounds of {seconds:.0f} s per step; the worst round's percentiles in the "
         "columns, the median rounds in the ratios. "
