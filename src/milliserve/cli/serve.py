@@ -53,6 +53,14 @@ def serve_settings(args: argparse.Namespace) -> Any:
 
     from milliserve.config.settings import Settings
 
+    given = getattr(args, "model_repository_flag", None)  # tritonserver's spelling
+    if given is not None:
+        if args.model_repository is not None and args.model_repository != given:
+            raise UsageError(
+                f"two model repositories: {str(args.model_repository)!r} and --model-repository "
+                f"{str(given)!r}; give one"
+            )
+        args.model_repository = given
     overrides: dict[str, Any] = {}
     for flag, path in _SERVE_FLAGS.items():
         value = getattr(args, flag, None)
@@ -105,6 +113,14 @@ def add_serve_parser(sub: Any) -> None:
         default=None,
         metavar="MODEL_REPOSITORY",
         help="the model repository (default: $MILLISERVE_MODEL_REPOSITORY)",
+    )
+    s.add_argument(
+        "--model-repository",
+        dest="model_repository_flag",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="MODEL_REPOSITORY, as tritonserver spells it",
     )
     s.add_argument("--http-port", type=int, default=None, help="default 8000")
     s.add_argument("--grpc-port", type=int, default=None, help="default 8001")

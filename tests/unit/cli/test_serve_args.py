@@ -76,3 +76,12 @@ def test_triton_extension_flags(tmp_path: Path) -> None:
         settings(str(tmp_path), "--shared-memory-key-prefix", "app/")
     with pytest.raises(UsageError, match="--repository-poll-secs"):
         settings(str(tmp_path), "--repository-poll-secs", "0")
+
+
+def test_the_repository_may_be_given_as_tritonserver_spells_it(tmp_path: Path) -> None:
+    s: object = settings(f"--model-repository={tmp_path}", "--http-port", "9300")
+    assert s.model_repository == tmp_path and s.http.port == 9300  # type: ignore[attr-defined]
+    both: object = settings(str(tmp_path), "--model-repository", str(tmp_path))
+    assert both.model_repository == tmp_path  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match=r"two model repositories: .* and --model-repository .*; give one"):
+        settings(str(tmp_path), "--model-repository", str(tmp_path / "other"))
