@@ -53,14 +53,13 @@ def serve_settings(args: argparse.Namespace) -> Any:
 
     from milliserve.config.settings import Settings
 
-    given = getattr(args, "model_repository_flag", None)  # tritonserver's spelling
-    if given is not None:
-        if args.model_repository is not None and args.model_repository != given:
-            raise UsageError(
-                f"two model repositories: {str(args.model_repository)!r} and --model-repository "
-                f"{str(given)!r}; give one"
-            )
-        args.model_repository = given
+    given = args.model_repository_flag  # tritonserver's spelling of MODEL_REPOSITORY
+    if given is not None and args.model_repository not in (None, given):
+        raise UsageError(
+            f"two model repositories: {str(args.model_repository)!r} and --model-repository "
+            f"{str(given)!r}; give one"
+        )
+    args.model_repository = args.model_repository or given
     overrides: dict[str, Any] = {}
     for flag, path in _SERVE_FLAGS.items():
         value = getattr(args, flag, None)
